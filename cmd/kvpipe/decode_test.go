@@ -1,0 +1,56 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestDecodePrintsEveryGoldenVector(t *testing.T) {
+	wantEvents := map[string]int{"vllm_map.hex": 2, "vllm_array_v025.hex": 2, "sglang_signed.hex": 1, "vllm_bin_map_batch.hex": 1}
+	files, _ := filepath.Glob("../../codec/testdata/golden/*.hex")
+	if len(files) != len(wantEvents) {
+		t.Fatalf("found %d golden files, want %d", len(files), len(wantEvents))
+	}
+	for _, f := range files {
+		var out, errOut bytes.Buffer
+		if code := run([]string{"decode", "--hex", f}, nil, &out, &errOut); code != 0 {
+			t.Fatalf("%s: exit %d: %s", f, code, errOut.String())
+		}
+		lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+		if len(lines) != wantEvents[filepath.Base(f)] {
+			t.Errorf("%s: %d lines, want %d", f, len(lines), wantEvents[filepath.Base(f)])
+		}
+		for _, l := range lines {
+			var ev map[string]any
+			if err := json.Unmarshal([]byte(l), &ev); err != nil {
+				t.Errorf("%s: not JSON: %q: %v", f, l, err)
+			}
+			if ev["type"] == nil {
+				t.Errorf("%s: no type in %q", f, l)
+			}
+		}
+	}
+}
+
+func TestDecodeHashesAreUnsignedDecimal(t *testing.T) {
+	var out bytes.Buffer
+	if code := run([]string{"decode", "--hex", "../../codec/testdata/golden/sglang_signed.hex"}, nil, &out, &bytes.Buffer{}); code != 0 {
+		t.Fatal("exit", code)
+	}
+	if !strings.Contains(out.String(), `"block_hashes":[18446744073709551614,18446744073709551615]`) {
+		t.Errorf("signed hashes not printed as their unsigned 64 bits: %s", out.String())
+	}
+}
+
+func TestDecodeBadPayloadExitsOne(t *testing.T) {
+	for _, in := range []string{"c0", "93 cb 00", "zz"} {
+		var out, errOut bytes.Buffer
+		code := run([]string{"decode", "--hex"}, strings.NewReader(in), &out, &errOut)
+		if code != 1 || errOut.Len() == 0 || out.Len() != 0 {
+			t.Errorf("input %q: exit %d, stderr %q, stdout %q; want 1, a message, nothing", in, code, errOut.String(), out.String())
+		}
+	}
+}

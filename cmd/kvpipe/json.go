@@ -1,0 +1,88 @@
+package main
+
+import (
+	"bytes"
+	"strconv"
+
+	"github.com/kvpipe/kvpipe/codec"
+	"github.com/tinylib/msgp/msgp"
+)
+
+// appendEventJSON writes one event as a JSON object with the engine's field
+// names; hashes are unsigned decimal, absent optional fields are null.
+func appendEventJSON(dst []byte, e *codec.Event) []byte {
+	dst = append(dst, `{"type":`...)
+	dst = strconv.AppendQuote(dst, e.Type.String())
+	if e.Type == codec.AllBlocksCleared {
+		if e.Medium != "" {
+			dst = append(dst, `,"medium":`...)
+			dst = strconv.AppendQuote(dst, e.Medium)
+		}
+		return append(dst, '}')
+	}
+	dst = append(dst, `,"block_hashes":[`...)
+	for i, h := range e.BlockHashes {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = strconv.AppendUint(dst, h, 10)
+	}
+	dst = append(dst, ']')
+	if e.Type == codec.BlockStored {
+		dst = append(dst, `,"parent_block_hash":`...)
+		if e.HasParent {
+			dst = strconv.AppendUint(dst, e.ParentHash, 10)
+		} else {
+			dst = append(dst, "null"...)
+		}
+		dst = append(dst, `,"token_ids":[`...)
+		for i, t := range e.TokenIDs {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = strconv.AppendUint(dst, uint64(t), 10)
+		}
+		dst = append(dst, `],"block_size":`...)
+		dst = strconv.AppendInt(dst, int64(e.BlockSize), 10)
+		dst = appendOptInt(dst, "lora_id", e.LoraID, e.HasLoraID)
+	}
+	dst = appendOptString(dst, "medium", e.Medium)
+	if e.Type == codec.BlockStored {
+		dst = appendOptString(dst, "lora_name", e.LoraName)
+		dst = append(dst, `,"extra_keys":`...)
+		if e.ExtraKeys == nil {
+			dst = append(dst, "null"...)
+		} else {
+			var buf bytes.Buffer
+			if _, err := msgp.UnmarshalAsJSON(&buf, e.ExtraKeys); err != nil {
+				dst = append(dst, "null"...)
+			} else {
+				dst = append(dst, bytes.TrimSpace(buf.Bytes())...)
+			}
+		}
+	}
+	dst = appendOptInt(dst, "group_idx", int64(e.GroupIdx), e.HasGroupIdx)
+	dst = appendOptString(dst, "kv_cache_spec_kind", e.SpecKind)
+	dst = appendOptInt(dst, "kv_cache_spec_sliding_window", int64(e.SlidingWindow), e.HasSlidingWindow)
+	return append(dst, '}')
+}
+
+func appendOptInt(dst []byte, key string, v int64, ok bool) []byte {
+	dst = append(dst, `,"`...)
+	dst = append(dst, key...)
+	dst = append(dst, `":`...)
+	if !ok {
+		return append(dst, "null"...)
+	}
+	return strconv.AppendInt(dst, v, 10)
+}
+
+func appendOptString(dst []byte, key, v string) []byte {
+	dst = append(dst, `,"`...)
+	dst = append(dst, key...)
+	dst = append(dst, `":`...)
+	if v == "" {
+		return append(dst, "null"...)
+	}
+	return strconv.AppendQuote(dst, v)
+}

@@ -1,0 +1,30 @@
+// Command kvpipe is the debugging tool for engine KV-event streams:
+//
+//	kvpipe decode [--hex] [FILE]   print the events of one payload as JSON lines
+//	kvpipe listen --endpoint URL   subscribe to live engines and summarise what arrives
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, "usage: kvpipe decode|listen [flags]; kvpipe CMD -h for the flags")
+		return 2
+	}
+	switch args[0] {
+	case "decode":
+		return decodeCmd(args[1:], stdin, stdout, stderr)
+	case "listen":
+		return listenCmd(args[1:], stdout, stderr)
+	}
+	fmt.Fprintf(stderr, "kvpipe: unknown command %q (want decode or listen)\n", args[0])
+	return 2
+}

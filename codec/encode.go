@@ -1,0 +1,258 @@
+package codec
+
+import (
+	"encoding/binary"
+
+	"github.com/tinylib/msgp/msgp"
+)
+
+// Layout selects which engine version's encoding AppendBatch writes.
+type Layout struct {
+	// ArrayEvents writes events as positional arrays (vLLM 0.25 and older,
+	// older SGLang); otherwise as maps tagged by "type" (current vLLM).
+	ArrayEvents bool
+	// StoredSlots is the BlockStored array length, tag included (5..12), as
+	// each engine version wrote it; 0 means all 12. Fields past it are lost.
+	StoredSlots int
+	// MapBatch writes the batch as a map (one intermediate vLLM build).
+	MapBatch bool
+	// NoDPRank writes the two-element batch of old versions.
+	NoDPRank bool
+	// BinHashes writes block hashes as 32-byte digests (vLLM with
+	// VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0) whose last 8 bytes are the hash.
+	BinHashes bool
+	// SignedHashes writes block hashes as signed int64, as SGLang does.
+	SignedHashes bool
+}
+
+// CurrentVLLM is the layout of current vLLM releases.
+var CurrentVLLM = Layout{}
+
+// AppendBatch appends the msgpack encoding of b to dst.
+func AppendBatch(dst []byte, b *Batch, l Layout) []byte {
+	switch {
+	case l.MapBatch:
+		n := uint32(2)
+		if b.HasDPRank {
+			n = 3
+		}
+		dst = msgp.AppendMapHeader(dst, n)
+		dst = msgp.AppendString(dst, "ts")
+		dst = msgp.AppendFloat64(dst, b.TS)
+		dst = msgp.AppendString(dst, "events")
+	case l.NoDPRank:
+		dst = msgp.AppendArrayHeader(dst, 2)
+		dst = msgp.AppendFloat64(dst, b.TS)
+	default:
+		dst = msgp.AppendArrayHeader(dst, 3)
+		dst = msgp.AppendFloat64(dst, b.TS)
+	}
+	dst = msgp.AppendArrayHeader(dst, uint32(len(b.Events)))
+	for i := range b.Events {
+		if l.ArrayEvents {
+			dst = appendArrayEvent(dst, &b.Events[i], l)
+		} else {
+			dst = appendMapEvent(dst, &b.Events[i], l)
+		}
+	}
+	switch {
+	case l.MapBatch && b.HasDPRank:
+		dst = msgp.AppendString(dst, "data_parallel_rank")
+		dst = msgp.AppendInt64(dst, b.DPRank)
+	case l.MapBatch || l.NoDPRank:
+	case b.HasDPRank:
+		dst = msgp.AppendInt64(dst, b.DPRank)
+	default:
+		dst = msgp.AppendNil(dst)
+	}
+	return dst
+}
+
+func appendMapEvent(dst []byte, e *Event, l Layout) []byte {
+	switch e.Type {
+	case BlockStored:
+		// Fields without a default are always written; defaulted ones only when set.
+		n := uint32(8)
+		n += count(e.ExtraKeys != nil) + count(e.HasGroupIdx) + count(e.SpecKind != "") + count(e.HasSlidingWindow)
+		dst = msgp.AppendMapHeader(dst, n)
+		dst = appendKey(dst, "type", "BlockStored")
+		dst = msgp.AppendString(dst, "block_hashes")
+		dst = appendHashes(dst, e.BlockHashes, l)
+		dst = msgp.AppendString(dst, "parent_block_hash")
+		dst = appendOptHash(dst, e.ParentHash, e.HasParent, l)
+		dst = msgp.AppendString(dst, "token_ids")
+		dst = appendTokens(dst, e.TokenIDs)
+		dst = msgp.AppendString(dst, "block_size")
+		dst = msgp.AppendInt(dst, e.BlockSize)
+		dst = msgp.AppendString(dst, "lora_id")
+		dst = appendOptInt(dst, e.LoraID, e.HasLoraID)
+		dst = msgp.AppendString(dst, "medium")
+		dst = appendOptString(dst, e.Medium)
+		dst = msgp.AppendString(dst, "lora_name")
+		dst = appendOptString(dst, e.LoraName)
+		if e.ExtraKeys != nil {
+			dst = msgp.AppendString(dst, "extra_keys")
+			dst = append(dst, e.ExtraKeys...)
+		}
+		if e.HasGroupIdx {
+			dst = msgp.AppendString(dst, "group_idx")
+			dst = msgp.AppendInt(dst, e.GroupIdx)
+		}
+		if e.SpecKind != "" {
+			dst = appendKey(dst, "kv_cache_spec_kind", e.SpecKind)
+		}
+		if e.HasSlidingWindow {
+			dst = msgp.AppendString(dst, "kv_cache_spec_sliding_window")
+			dst = msgp.AppendInt(dst, e.SlidingWindow)
+		}
+	case BlockRemoved:
+		dst = msgp.AppendMapHeader(dst, 3+count(e.HasGroupIdx))
+		dst = appendKey(dst, "type", "BlockRemoved")
+		dst = msgp.AppendString(dst, "block_hashes")
+		dst = appendHashes(dst, e.BlockHashes, l)
+		dst = msgp.AppendString(dst, "medium")
+		dst = appendOptString(dst, e.Medium)
+		if e.HasGroupIdx {
+			dst = msgp.AppendString(dst, "group_idx")
+			dst = msgp.AppendInt(dst, e.GroupIdx)
+		}
+	default:
+		if e.Medium == "" {
+			return appendKey(msgp.AppendMapHeader(dst, 1), "type", "AllBlocksCleared")
+		}
+		dst = appendKey(msgp.AppendMapHeader(dst, 2), "type", "AllBlocksCleared")
+		dst = appendKey(dst, "medium", e.Medium)
+	}
+	return dst
+}
+
+func appendArrayEvent(dst []byte, e *Event, l Layout) []byte {
+	switch e.Type {
+	case BlockStored:
+		n := l.StoredSlots
+		if n == 0 || n > len(storedSlots) {
+			n = len(storedSlots)
+		}
+		n = max(n, int(minSlots[BlockStored]))
+		dst = msgp.AppendArrayHeader(dst, uint32(n))
+		dst = msgp.AppendString(dst, "BlockStored")
+		for slot := 1; slot < n; slot++ {
+			switch slot {
+			case 1:
+				dst = appendHashes(dst, e.BlockHashes, l)
+			case 2:
+				dst = appendOptHash(dst, e.ParentHash, e.HasParent, l)
+			case 3:
+				dst = appendTokens(dst, e.TokenIDs)
+			case 4:
+				dst = msgp.AppendInt(dst, e.BlockSize)
+			case 5:
+				dst = appendOptInt(dst, e.LoraID, e.HasLoraID)
+			case 6:
+				dst = appendOptString(dst, e.Medium)
+			case 7:
+				dst = appendOptString(dst, e.LoraName)
+			case 8:
+				if e.ExtraKeys == nil {
+					dst = msgp.AppendNil(dst)
+				} else {
+					dst = append(dst, e.ExtraKeys...)
+				}
+			case 9:
+				dst = appendOptInt(dst, int64(e.GroupIdx), e.HasGroupIdx)
+			case 10:
+				dst = appendOptString(dst, e.SpecKind)
+			case 11:
+				dst = appendOptInt(dst, int64(e.SlidingWindow), e.HasSlidingWindow)
+			}
+		}
+	case BlockRemoved:
+		long := e.HasGroupIdx || e.SpecKind != "" || e.HasSlidingWindow
+		if long {
+			dst = msgp.AppendArrayHeader(dst, 6)
+		} else {
+			dst = msgp.AppendArrayHeader(dst, 3)
+		}
+		dst = msgp.AppendString(dst, "BlockRemoved")
+		dst = appendHashes(dst, e.BlockHashes, l)
+		dst = appendOptString(dst, e.Medium)
+		if long {
+			dst = appendOptInt(dst, int64(e.GroupIdx), e.HasGroupIdx)
+			dst = appendOptString(dst, e.SpecKind)
+			dst = appendOptInt(dst, int64(e.SlidingWindow), e.HasSlidingWindow)
+		}
+	default:
+		if e.Medium == "" {
+			dst = msgp.AppendArrayHeader(dst, 1)
+			return msgp.AppendString(dst, "AllBlocksCleared")
+		}
+		dst = msgp.AppendArrayHeader(dst, 2)
+		dst = msgp.AppendString(dst, "AllBlocksCleared")
+		dst = msgp.AppendString(dst, e.Medium)
+	}
+	return dst
+}
+
+func count(b bool) uint32 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func appendKey(dst []byte, key, value string) []byte {
+	return msgp.AppendString(msgp.AppendString(dst, key), value)
+}
+
+// binFiller stands in for the 24 leading digest bytes the decoder ignores.
+var binFiller = [24]byte{0: 0xde, 1: 0xad, 23: 0xbe}
+
+func appendHash(dst []byte, h uint64, l Layout) []byte {
+	switch {
+	case l.SignedHashes:
+		return msgp.AppendInt64(dst, int64(h))
+	case !l.BinHashes:
+		return msgp.AppendUint64(dst, h)
+	}
+	var digest [32]byte
+	copy(digest[:], binFiller[:])
+	binary.BigEndian.PutUint64(digest[24:], h)
+	return msgp.AppendBytes(dst, digest[:])
+}
+
+func appendHashes(dst []byte, hashes []uint64, l Layout) []byte {
+	dst = msgp.AppendArrayHeader(dst, uint32(len(hashes)))
+	for _, h := range hashes {
+		dst = appendHash(dst, h, l)
+	}
+	return dst
+}
+
+func appendOptHash(dst []byte, h uint64, ok bool, l Layout) []byte {
+	if !ok {
+		return msgp.AppendNil(dst)
+	}
+	return appendHash(dst, h, l)
+}
+
+func appendTokens(dst []byte, tokens []uint32) []byte {
+	dst = msgp.AppendArrayHeader(dst, uint32(len(tokens)))
+	for _, t := range tokens {
+		dst = msgp.AppendUint32(dst, t)
+	}
+	return dst
+}
+
+func appendOptInt(dst []byte, v int64, ok bool) []byte {
+	if !ok {
+		return msgp.AppendNil(dst)
+	}
+	return msgp.AppendInt64(dst, v)
+}
+
+func appendOptString(dst []byte, s string) []byte {
+	if s == "" {
+		return msgp.AppendNil(dst)
+	}
+	return msgp.AppendString(dst, s)
+}

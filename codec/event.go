@@ -1,0 +1,112 @@
+package codec
+
+// EventType is the tag of one KV-cache event.
+type EventType uint8
+
+const (
+	// EventUnknown marks an event whose tag this version does not know;
+	// Decode skips such events and counts them in Batch.Skipped.
+	EventUnknown EventType = iota
+	BlockStored
+	BlockRemoved
+	AllBlocksCleared
+)
+
+func (t EventType) String() string {
+	switch t {
+	case BlockStored:
+		return "BlockStored"
+	case BlockRemoved:
+		return "BlockRemoved"
+	case AllBlocksCleared:
+		return "AllBlocksCleared"
+	}
+	return "Unknown"
+}
+
+// Batch is one published batch. Decode overwrites it in place and reuses its
+// slices, so the values it holds are valid until the next Decode into it.
+type Batch struct {
+	TS        float64
+	Events    []Event
+	DPRank    int64 // data_parallel_rank (SGLang: attn_dp_rank)
+	HasDPRank bool
+	// Skipped counts events with an unknown tag that Decode left out.
+	Skipped int
+
+	extra []byte // arena backing Event.ExtraKeys
+}
+
+// Event is the union of every event's fields; Type says which are meaningful.
+// Optional scalars carry a Has flag because zero is a valid value.
+type Event struct {
+	Type        EventType
+	BlockHashes []uint64 // engine hashes, 64 bits kept whatever their msgpack form
+	ParentHash  uint64
+	HasParent   bool
+	TokenIDs    []uint32
+	BlockSize   int
+	LoraID      int64
+	HasLoraID   bool
+	Medium      string // "" when absent or nil
+	LoraName    string
+	// ExtraKeys is the raw msgpack of extra_keys (one array per block), nil when absent.
+	ExtraKeys        []byte
+	GroupIdx         int
+	HasGroupIdx      bool
+	SpecKind         string // kv_cache_spec_kind, "" when absent
+	SlidingWindow    int
+	HasSlidingWindow bool
+}
+
+// reset clears every field but keeps the slices' storage: a reused event must
+// never show a field of the event decoded into it before.
+func (e *Event) reset() {
+	*e = Event{BlockHashes: e.BlockHashes[:0], TokenIDs: e.TokenIDs[:0]}
+}
+
+// Tier is the storage tier an event's medium names.
+type Tier uint8
+
+const (
+	TierDevice Tier = iota
+	TierHost
+	TierDisk
+	TierUnknown
+)
+
+func (t Tier) String() string {
+	switch t {
+	case TierDevice:
+		return "device"
+	case TierHost:
+		return "host"
+	case TierDisk:
+		return "disk"
+	}
+	return "unknown"
+}
+
+// MediumTier maps a medium string to its tier (SPEC section 2).
+func MediumTier(medium string) Tier {
+	switch medium {
+	case "", "GPU":
+		return TierDevice
+	case "CPU", "CPU_PINNED":
+		return TierHost
+	case "DISK", "NVME", "STORAGE":
+		return TierDisk
+	}
+	return TierUnknown
+}
+
+// IsMainAttention reports whether a kv_cache_spec_kind names a main-attention
+// group, the only kind a prefix index may hold. An empty kind is not main:
+// callers decide what an absent kind means.
+func IsMainAttention(kind string) bool {
+	switch kind {
+	case "full_attention", "mla_attention", "sink_full_attention":
+		return true
+	}
+	return false
+}
