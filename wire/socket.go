@@ -1,0 +1,102 @@
+package wire
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log"
+	"net/url"
+	"strings"
+
+	"github.com/go-zeromq/zmq4"
+)
+
+// ValidateEndpoint checks that ep is a ZMQ endpoint kvpipe can dial:
+// tcp://host:port or ipc://path.
+func ValidateEndpoint(ep string) error {
+	u, err := url.Parse(ep)
+	if err != nil {
+		return fmt.Errorf("endpoint %q: %w", ep, err)
+	}
+	switch u.Scheme {
+	case "tcp":
+		if u.Host == "" || u.Port() == "" {
+			return fmt.Errorf("endpoint %q: want tcp://host:port", ep)
+		}
+	case "ipc":
+		if strings.TrimPrefix(ep, "ipc://") == "" {
+			return fmt.Errorf("endpoint %q: want ipc://path", ep)
+		}
+	default:
+		return fmt.Errorf("endpoint %q: scheme %q is not tcp or ipc", ep, u.Scheme)
+	}
+	return nil
+}
+
+// receiver owns one zmq4 socket and the goroutine that reads it. zmq4's Recv
+// has no timeout, and a socket closed while nobody reads leaks zmq4's own
+// reader goroutine, so the receiver always drains, and close drains again.
+type receiver struct {
+	sock zmq4.Socket
+	msgs chan zmq4.Msg // closed when Recv fails; err then says why
+	err  error
+	stop chan struct{}
+	done chan struct{}
+}
+
+func startReceiver(sock zmq4.Socket, depth int) *receiver {
+	r := &receiver{sock: sock, msgs: make(chan zmq4.Msg, depth), stop: make(chan struct{}), done: make(chan struct{})}
+	go r.loop()
+	return r
+}
+
+func (r *receiver) loop() {
+	defer close(r.done)
+	defer close(r.msgs)
+	for {
+		m, err := r.sock.Recv()
+		if err != nil {
+			r.err = err
+			return
+		}
+		select {
+		case r.msgs <- m:
+		case <-r.stop:
+			return
+		}
+	}
+}
+
+// close closes the socket and waits for the reader. It must be called once,
+// by the receiver's owner.
+func (r *receiver) close() {
+	close(r.stop)
+	r.sock.Close()
+	<-r.done
+	// zmq4 connection readers may be blocked handing over a last message;
+	// once the socket's context is done each Recv returns at once, taking one
+	// queued message or none.
+	for range 256 {
+		r.sock.Recv()
+	}
+}
+
+// dial creates a socket of the given kind and dials ep once, without zmq4's
+// own retry loop: the caller retries with its own backoff.
+func dial(ctx context.Context, kind zmq4.SocketType, ep string) (zmq4.Socket, error) {
+	opts := []zmq4.Option{zmq4.WithDialerMaxRetries(0), zmq4.WithLogger(log.New(io.Discard, "", 0))}
+	var s zmq4.Socket
+	switch kind {
+	case zmq4.Sub:
+		s = zmq4.NewSub(ctx, opts...)
+	case zmq4.Dealer:
+		s = zmq4.NewDealer(ctx, opts...)
+	default:
+		return nil, fmt.Errorf("wire: cannot dial a %s socket", kind)
+	}
+	if err := s.Dial(ep); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}

@@ -1,0 +1,430 @@
+package wire
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+)
+
+// Config configures the Subscriber of one worker.
+type Config struct {
+	Endpoint       string // the engine's PUB, e.g. tcp://10.0.0.5:5557
+	ReplayEndpoint string // the engine's ROUTER replay socket; "" when it has none
+	Topic          string // ZMQ prefix match; the engines' default is ""
+
+	// IdleTimeout rebuilds the SUB socket after this long without a message,
+	// since a peer that vanished without closing its TCP connection is
+	// otherwise never noticed. 0 means 30s; negative disables it.
+	IdleTimeout time.Duration
+	// ReconnectMin and ReconnectMax bound the jittered exponential backoff
+	// between dial attempts (defaults 50ms and 5s).
+	ReconnectMin, ReconnectMax time.Duration
+	// ReplayTimeout bounds the wait for each replay reply (default 2s).
+	ReplayTimeout time.Duration
+	// MaxReplayBuffer bounds the live batches held while a replay runs
+	// (default 10,000, vLLM's replay buffer). Past it, live batches are
+	// dropped and counted (LiveOverflow); the next batch then shows a gap,
+	// which is replayed again.
+	MaxReplayBuffer int
+	// Logger receives rate-limited warnings; nil discards them.
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = 30 * time.Second
+	}
+	if c.ReconnectMin <= 0 {
+		c.ReconnectMin = 50 * time.Millisecond
+	}
+	if c.ReconnectMax < c.ReconnectMin {
+		c.ReconnectMax = max(5*time.Second, c.ReconnectMin)
+	}
+	if c.ReplayTimeout <= 0 {
+		c.ReplayTimeout = 2 * time.Second
+	}
+	if c.MaxReplayBuffer <= 0 {
+		c.MaxReplayBuffer = 10_000
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// ResetReason says why a worker's history can no longer be trusted.
+type ResetReason uint8
+
+const (
+	ResetRestart        ResetReason = iota // seq went backwards
+	ResetHistoryMissing                    // the replay buffer no longer had the lost batches
+	ResetGapLost                           // a gap with no replay endpoint, or a replay that failed
+)
+
+func (r ResetReason) String() string {
+	return [...]string{"restart", "history_missing", "gap_lost"}[r]
+}
+
+// Handler receives one worker's stream, in the Subscriber's goroutine.
+type Handler interface {
+	// HandleBatch gets every batch exactly once, in seq order. The payload
+	// is only valid during the call.
+	HandleBatch(seq uint64, payload []byte)
+	// HandleReset says that batches were lost for good: the worker's state
+	// must be rebuilt from the batches that follow.
+	HandleReset(reason ResetReason)
+}
+
+// Stats counts what one Subscriber saw. Any goroutine may read it.
+type Stats struct {
+	Batches        atomic.Uint64 // delivered to the handler, live or replayed
+	Malformed      atomic.Uint64 // wrong frame count or seq width: skipped
+	Duplicates     atomic.Uint64 // seq already applied: dropped
+	Gaps           atomic.Uint64 // seq > last+1 seen
+	Replays        atomic.Uint64 // replay requests sent
+	Replayed       atomic.Uint64 // batches recovered through replay
+	ReplayFailures atomic.Uint64 // replays that timed out or could not connect
+	HistoryMissing atomic.Uint64 // replays that started later than asked
+	Lost           atomic.Uint64 // batches known to be gone for good
+	LiveOverflow   atomic.Uint64 // live batches dropped while a replay ran
+	Restarts       atomic.Uint64 // seq went backwards
+	Reconnects     atomic.Uint64 // SUB sockets rebuilt after a failure or idle
+	Connected      atomic.Bool
+}
+
+// Subscriber receives one worker's batches. Run it in the goroutine that owns
+// the worker's state: the handler is called there.
+type Subscriber struct {
+	cfg   Config
+	stats Stats
+	warn  rateLimiter
+
+	seq    SeqTracker
+	dealer *receiver // replay socket, dialled on the first gap
+	queue  []frame   // live batches held while a replay runs
+}
+
+type frame struct {
+	seq     uint64
+	payload []byte
+}
+
+// NewSubscriber validates cfg and returns a Subscriber; Run starts it.
+func NewSubscriber(cfg Config) (*Subscriber, error) {
+	if err := ValidateEndpoint(cfg.Endpoint); err != nil {
+		return nil, err
+	}
+	if cfg.ReplayEndpoint != "" {
+		if err := ValidateEndpoint(cfg.ReplayEndpoint); err != nil {
+			return nil, fmt.Errorf("replay %w", err)
+		}
+	}
+	cfg.setDefaults()
+	return &Subscriber{cfg: cfg, warn: rateLimiter{every: time.Second}}, nil
+}
+
+// Stats returns the Subscriber's counters.
+func (s *Subscriber) Stats() *Stats { return &s.stats }
+
+// liveDepth is how many received messages may wait for the handler; past it
+// the socket stops reading and the loss surfaces upstream as a seq gap.
+const liveDepth = 1024
+
+// Run subscribes and feeds h until ctx is done, rebuilding the socket with
+// backoff whenever it fails. It returns ctx's error.
+func (s *Subscriber) Run(ctx context.Context, h Handler) error {
+	defer s.closeDealer()
+	backoff := s.cfg.ReconnectMin
+	for attempt := 0; ; attempt++ {
+		sub, err := s.connect(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			s.logf("dial failed", "endpoint", s.cfg.Endpoint, "err", err)
+			if !sleep(ctx, jitter(backoff)) {
+				return ctx.Err()
+			}
+			backoff = min(2*backoff, s.cfg.ReconnectMax)
+			continue
+		}
+		if attempt > 0 {
+			s.stats.Reconnects.Add(1)
+		}
+		backoff = s.cfg.ReconnectMin
+		s.stats.Connected.Store(true)
+		err = s.serve(ctx, sub, h)
+		s.stats.Connected.Store(false)
+		sub.close()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		// What follows may come from a restarted publisher: the seq tracker
+		// tells a restart (seq back) from a gap (seq ahead).
+		s.logf("subscription lost, reconnecting", "endpoint", s.cfg.Endpoint, "err", err)
+	}
+}
+
+func (s *Subscriber) connect(ctx context.Context) (*receiver, error) {
+	sock, err := dial(ctx, zmq4.Sub, s.cfg.Endpoint)
+	if err != nil {
+		return nil, err
+	}
+	if err := sock.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err != nil {
+		sock.Close()
+		return nil, err
+	}
+	return startReceiver(sock, liveDepth), nil
+}
+
+var errIdle = errors.New("no message within the idle timeout")
+
+// serve handles one socket's messages until it fails, idles out or ctx ends.
+func (s *Subscriber) serve(ctx context.Context, sub *receiver, h Handler) error {
+	var idle <-chan time.Time
+	var timer *time.Timer
+	if s.cfg.IdleTimeout > 0 {
+		timer = time.NewTimer(s.cfg.IdleTimeout)
+		defer timer.Stop()
+		idle = timer.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-idle:
+			return errIdle
+		case m, ok := <-sub.msgs:
+			if !ok {
+				return sub.err
+			}
+			if timer != nil {
+				timer.Reset(s.cfg.IdleTimeout)
+			}
+			if f, ok := s.parseLive(m); ok {
+				s.handle(ctx, f, sub, h)
+			}
+		}
+	}
+}
+
+// parseLive checks the [topic, seq, payload] shape.
+func (s *Subscriber) parseLive(m zmq4.Msg) (frame, bool) {
+	if len(m.Frames) != 3 || len(m.Frames[1]) != 8 {
+		s.stats.Malformed.Add(1)
+		s.logf("malformed message skipped", "frames", len(m.Frames), "seq_bytes", seqWidth(m))
+		return frame{}, false
+	}
+	return frame{seq: binary.BigEndian.Uint64(m.Frames[1]), payload: m.Frames[2]}, true
+}
+
+func seqWidth(m zmq4.Msg) int {
+	if len(m.Frames) < 2 {
+		return 0
+	}
+	return len(m.Frames[1])
+}
+
+// maxReplaysPerBatch bounds the replays one live batch can set off (a replay
+// holds live batches back, and one of them may show a gap of its own).
+const maxReplaysPerBatch = 4
+
+// handle applies one live batch, and every live batch a replay it triggers held back.
+func (s *Subscriber) handle(ctx context.Context, f frame, sub *receiver, h Handler) {
+	s.queue = append(s.queue[:0], f)
+	replays := 0
+	for i := 0; i < len(s.queue); i++ { // a replay appends what it held back
+		f := s.queue[i]
+		switch s.seq.Classify(f.seq) {
+		case Duplicate:
+			s.stats.Duplicates.Add(1)
+			continue
+		case Restart:
+			s.stats.Restarts.Add(1)
+			s.logf("publisher restarted: history unknown", "endpoint", s.cfg.Endpoint, "last", s.seq.last, "seq", f.seq)
+			s.seq.Reset()
+			h.HandleReset(ResetRestart)
+		case Gap:
+			s.stats.Gaps.Add(1)
+			if s.cfg.ReplayEndpoint != "" && replays < maxReplaysPerBatch {
+				replays++
+				s.replay(ctx, s.seq.last+1, f.seq, sub, h)
+				switch s.seq.Classify(f.seq) {
+				case Duplicate: // the replay delivered it
+					s.stats.Duplicates.Add(1)
+					continue
+				case First, InOrder:
+					s.deliver(f, h)
+					continue
+				}
+			}
+			last := s.seq.last
+			s.stats.Lost.Add(f.seq - last - 1)
+			s.logf("batches lost: history unknown", "endpoint", s.cfg.Endpoint, "from", last+1, "to", f.seq-1)
+			s.seq.Reset()
+			h.HandleReset(ResetGapLost)
+		}
+		s.deliver(f, h)
+	}
+	clear(s.queue) // drop payload references
+	s.queue = s.queue[:0]
+}
+
+func (s *Subscriber) deliver(f frame, h Handler) {
+	s.seq.Apply(f.seq)
+	s.stats.Batches.Add(1)
+	h.HandleBatch(f.seq, f.payload)
+}
+
+// replay asks the replay socket for every batch from start on (the gap ends
+// before upto) and delivers them in order, holding live batches back in
+// s.queue meanwhile.
+func (s *Subscriber) replay(ctx context.Context, start, upto uint64, sub *receiver, h Handler) {
+	s.stats.Replays.Add(1)
+	if s.dealer == nil {
+		sock, err := dial(ctx, zmq4.Dealer, s.cfg.ReplayEndpoint)
+		if err != nil {
+			s.replayFailed("dial", err)
+			return
+		}
+		s.dealer = startReceiver(sock, liveDepth)
+	}
+	var req [8]byte
+	binary.BigEndian.PutUint64(req[:], start)
+	if err := s.dealer.sock.Send(zmq4.NewMsgFrom(nil, req[:])); err != nil {
+		s.replayFailed("send", err)
+		return
+	}
+	timer := time.NewTimer(s.cfg.ReplayTimeout)
+	defer timer.Stop()
+	first := true
+	live := sub.msgs
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+			s.replayFailed("wait", errors.New("timed out"))
+			return
+		case m, ok := <-live:
+			if !ok {
+				live = nil // the SUB failed; finish the replay, serve then reconnects
+				continue
+			}
+			if f, ok := s.parseLive(m); ok {
+				if len(s.queue) < s.cfg.MaxReplayBuffer {
+					s.queue = append(s.queue, f)
+				} else {
+					s.stats.LiveOverflow.Add(1)
+				}
+			}
+		case m, ok := <-s.dealer.msgs:
+			if !ok {
+				s.replayFailed("receive", s.dealer.err)
+				return
+			}
+			timer.Reset(s.cfg.ReplayTimeout)
+			// [empty, seq, payload] or [empty, topic, seq, payload]: the
+			// last two frames are always seq and payload.
+			n := len(m.Frames)
+			if n < 3 || n > 4 || len(m.Frames[0]) != 0 || len(m.Frames[n-2]) != 8 {
+				s.stats.Malformed.Add(1)
+				continue
+			}
+			seq := binary.BigEndian.Uint64(m.Frames[n-2])
+			if seq == 1<<64-1 { // -1: the end marker
+				if first {
+					s.historyMissing(start, upto, h)
+				}
+				return
+			}
+			if seq < start {
+				continue // a late reply to an earlier request
+			}
+			if first {
+				first = false
+				if seq > start {
+					s.historyMissing(start, min(seq, upto), h)
+				}
+			}
+			if last, ok := s.seq.Last(); ok && seq <= last {
+				s.stats.Duplicates.Add(1)
+				continue
+			}
+			s.seq.applyReplayed(seq, start)
+			s.stats.Replayed.Add(1)
+			s.stats.Batches.Add(1)
+			h.HandleBatch(seq, m.Frames[n-1])
+		}
+	}
+}
+
+// historyMissing handles a replay that could not go back to start: the
+// batches from start to before resume are gone.
+func (s *Subscriber) historyMissing(start, resume uint64, h Handler) {
+	s.stats.HistoryMissing.Add(1)
+	s.stats.Lost.Add(resume - start)
+	s.logf("replay buffer no longer holds the gap: history unknown", "endpoint", s.cfg.ReplayEndpoint, "from", start, "resume", resume)
+	s.seq.Reset()
+	h.HandleReset(ResetHistoryMissing)
+}
+
+func (s *Subscriber) replayFailed(step string, err error) {
+	s.stats.ReplayFailures.Add(1)
+	s.logf("replay failed", "endpoint", s.cfg.ReplayEndpoint, "step", step, "err", err)
+	s.closeDealer() // a late reply must not answer the next request
+}
+
+func (s *Subscriber) closeDealer() {
+	if s.dealer != nil {
+		s.dealer.close()
+		s.dealer = nil
+	}
+}
+
+func (s *Subscriber) logf(msg string, args ...any) {
+	if n, ok := s.warn.allow(time.Now()); ok {
+		if n > 0 {
+			args = append(args, "suppressed", n)
+		}
+		s.cfg.Logger.Warn("kvpipe/wire: "+msg, args...)
+	}
+}
+
+// rateLimiter lets one message through per interval and counts the rest.
+type rateLimiter struct {
+	every      time.Duration
+	last       time.Time
+	suppressed int
+}
+
+func (r *rateLimiter) allow(now time.Time) (suppressed int, ok bool) {
+	if now.Sub(r.last) < r.every {
+		r.suppressed++
+		return 0, false
+	}
+	n := r.suppressed
+	r.last, r.suppressed = now, 0
+	return n, true
+}
+
+func jitter(d time.Duration) time.Duration {
+	return d/2 + rand.N(d/2+1)
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

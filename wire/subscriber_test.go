@@ -1,0 +1,283 @@
+package wire
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+)
+
+func TestInOrderOverTCPAndIPC(t *testing.T) {
+	for _, transport := range []string{"tcp", "ipc"} {
+		t.Run(transport, func(t *testing.T) {
+			ep := freeTCP(t)
+			if transport == "ipc" {
+				ep = tempIPC(t, "pub")
+			}
+			pub := newPublisher(t, PublisherConfig{Endpoint: ep})
+			defer pub.Close()
+			s, rec := startSubscriber(t, Config{Endpoint: ep})
+			last := syncUp(t, pub, rec)
+			var want []string
+			for i := range 500 {
+				pub.Publish(body(i))
+				want = append(want, string(body(i)))
+			}
+			expectBatches(t, rec, last+1, want...)
+			if st := s.Stats(); st.Gaps.Load() != 0 || st.Lost.Load() != 0 || st.Malformed.Load() != 0 {
+				t.Errorf("gaps=%d lost=%d malformed=%d, want 0", st.Gaps.Load(), st.Lost.Load(), st.Malformed.Load())
+			}
+		})
+	}
+}
+
+func TestTopicFilter(t *testing.T) {
+	ep := freeTCP(t)
+	other := newPublisher(t, PublisherConfig{Endpoint: ep, Topic: "kv@worker-b"})
+	_, rec := startSubscriber(t, Config{Endpoint: ep, Topic: "kv@worker-a"})
+	for range 50 {
+		other.Publish([]byte("not for us"))
+		time.Sleep(2 * time.Millisecond)
+	}
+	if c, ok := rec.quiet(200 * time.Millisecond); !ok {
+		t.Errorf("received %+v on a topic it did not subscribe to", c)
+	}
+	other.Close()
+}
+
+func TestGapRecoveredThroughReplay(t *testing.T) {
+	for _, withTopic := range []bool{false, true} {
+		name := map[bool]string{false: "reply [empty seq payload]", true: "reply [empty topic seq payload]"}[withTopic]
+		t.Run(name, func(t *testing.T) {
+			ep, replay := freeTCP(t), freeTCP(t)
+			pub := newPublisher(t, PublisherConfig{Endpoint: ep, ReplayEndpoint: replay, Topic: "kv", ReplyWithTopic: withTopic})
+			defer pub.Close()
+			s, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: replay, Topic: "kv"})
+			last := syncUp(t, pub, rec)
+			var want []string
+			for i := range 40 {
+				if i%10 >= 3 && i%10 <= 5 { // three batches dropped in every ten
+					pub.Drop(body(i))
+				} else {
+					pub.Publish(body(i))
+				}
+				want = append(want, string(body(i)))
+			}
+			expectBatches(t, rec, last+1, want...)
+			st := s.Stats()
+			if st.Lost.Load() != 0 || st.Gaps.Load() == 0 || st.Replayed.Load() < 12 {
+				t.Errorf("lost=%d gaps=%d replayed=%d; want 0 lost, gaps, at least 12 replayed",
+					st.Lost.Load(), st.Gaps.Load(), st.Replayed.Load())
+			}
+			if c, ok := rec.quiet(100 * time.Millisecond); !ok {
+				t.Errorf("unexpected call after the stream: %+v", c)
+			}
+		})
+	}
+}
+
+func TestGapWithoutReplayIsCountedAndResets(t *testing.T) {
+	ep := freeTCP(t)
+	pub := newPublisher(t, PublisherConfig{Endpoint: ep})
+	defer pub.Close()
+	s, rec := startSubscriber(t, Config{Endpoint: ep})
+	last := syncUp(t, pub, rec)
+	pub.Drop(body(0))
+	pub.Drop(body(1))
+	pub.Publish(body(2))
+	if c := rec.next(t); !c.reset || c.why != ResetGapLost {
+		t.Fatalf("got %+v, want a gap_lost reset", c)
+	}
+	expectBatches(t, rec, last+3, string(body(2)))
+	if got := s.Stats().Lost.Load(); got != 2 {
+		t.Errorf("lost = %d, want 2", got)
+	}
+}
+
+func TestReplayThatNoLongerHasTheGap(t *testing.T) {
+	ep, replay := freeTCP(t), freeTCP(t)
+	pub := newPublisher(t, PublisherConfig{Endpoint: ep, ReplayEndpoint: replay, BufferSteps: 4})
+	defer pub.Close()
+	s, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: replay})
+	last := syncUp(t, pub, rec)
+	for i := range 10 { // the buffer keeps only the last 4 of these
+		pub.Drop(body(i))
+	}
+	pub.Publish(body(10))
+	if c := rec.next(t); !c.reset || c.why != ResetHistoryMissing {
+		t.Fatalf("got %+v, want a history_missing reset", c)
+	}
+	// When the request comes the buffer holds the last 4 batches, bodies 7..10
+	// (seqs last+8..last+11): 7 batches are gone, and the live 10 is a duplicate.
+	expectBatches(t, rec, last+8, string(body(7)), string(body(8)), string(body(9)), string(body(10)))
+	st := s.Stats()
+	if st.HistoryMissing.Load() != 1 || st.Lost.Load() != 7 || st.Duplicates.Load() != 1 {
+		t.Errorf("history_missing=%d lost=%d duplicates=%d, want 1, 7, 1", st.HistoryMissing.Load(), st.Lost.Load(), st.Duplicates.Load())
+	}
+}
+
+func TestFailedPublishIsAGapReplayCannotFill(t *testing.T) {
+	ep, replay := freeTCP(t), freeTCP(t)
+	pub := newPublisher(t, PublisherConfig{Endpoint: ep, ReplayEndpoint: replay})
+	defer pub.Close()
+	s, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: replay})
+	last := syncUp(t, pub, rec)
+	pub.SkipSeq()
+	pub.Publish(body(1))
+	if c := rec.next(t); !c.reset || c.why != ResetHistoryMissing {
+		t.Fatalf("got %+v, want a history_missing reset", c)
+	}
+	expectBatches(t, rec, last+2, string(body(1)))
+	if got := s.Stats().Lost.Load(); got != 1 {
+		t.Errorf("lost = %d, want 1", got)
+	}
+}
+
+func TestReplayEndpointDownCountsTheLoss(t *testing.T) {
+	ep := freeTCP(t)
+	pub := newPublisher(t, PublisherConfig{Endpoint: ep})
+	defer pub.Close()
+	s, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: freeTCP(t), ReplayTimeout: 200 * time.Millisecond})
+	last := syncUp(t, pub, rec)
+	pub.Drop(body(0))
+	pub.Publish(body(1))
+	if c := rec.next(t); !c.reset || c.why != ResetGapLost {
+		t.Fatalf("got %+v, want a gap_lost reset", c)
+	}
+	expectBatches(t, rec, last+2, string(body(1)))
+	if st := s.Stats(); st.ReplayFailures.Load() != 1 || st.Lost.Load() != 1 {
+		t.Errorf("replay_failures=%d lost=%d, want 1 and 1", st.ReplayFailures.Load(), st.Lost.Load())
+	}
+}
+
+func TestPublisherRestart(t *testing.T) {
+	ep, replay := freeTCP(t), freeTCP(t)
+	pub := newPublisher(t, PublisherConfig{Endpoint: ep, ReplayEndpoint: replay})
+	s, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: replay})
+	syncUp(t, pub, rec)
+	for i := range 20 {
+		pub.Publish(body(i))
+	}
+	for range 20 {
+		rec.next(t)
+	}
+	pub.Close()
+	time.Sleep(100 * time.Millisecond) // the engine is down for a while
+	pub = newPublisher(t, PublisherConfig{Endpoint: ep, ReplayEndpoint: replay})
+	defer pub.Close()
+	// The restarted engine starts at 0 again. Until the SUB has reconnected
+	// its batches are lost, as with a real engine, so wait for a reset.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if time.Now().After(deadline) {
+			t.Fatal("no restart seen")
+		}
+		pub.Publish([]byte("after restart"))
+		c, quiet := rec.quiet(20 * time.Millisecond)
+		if !quiet && c.reset {
+			if c.why != ResetRestart {
+				t.Fatalf("reset %v, want restart", c.why)
+			}
+			break
+		}
+	}
+	if c := rec.next(t); c.reset || c.body != "after restart" {
+		t.Fatalf("after the reset got %+v", c)
+	}
+	st := s.Stats()
+	if st.Restarts.Load() != 1 || st.Reconnects.Load() < 1 {
+		t.Errorf("restarts=%d reconnects=%d, want 1 and at least 1", st.Restarts.Load(), st.Reconnects.Load())
+	}
+}
+
+// A raw PUB sends messages of the wrong shape between good ones: each bad one
+// is counted and skipped, the good ones all arrive.
+func TestMalformedMessagesAreSkipped(t *testing.T) {
+	ep := freeTCP(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	raw := zmq4.NewPub(ctx)
+	if err := raw.Listen(ep); err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	s, rec := startSubscriber(t, Config{Endpoint: ep})
+	seq := uint64(0)
+	good := func() {
+		raw.Send(zmq4.NewMsgFrom([]byte(""), seqBytes(seq), body(int(seq))))
+		seq++
+	}
+	for { // wait for the subscription
+		good()
+		if _, quiet := rec.quiet(20 * time.Millisecond); !quiet {
+			break
+		}
+	}
+	for len(rec.calls) > 0 {
+		rec.next(t)
+	}
+	start := seq
+	bad := []zmq4.Msg{
+		zmq4.NewMsgFrom([]byte(""), seqBytes(99)),                               // 2 frames
+		zmq4.NewMsgFrom([]byte(""), seqBytes(99), []byte("p"), []byte("extra")), // 4 frames
+		zmq4.NewMsgFrom([]byte(""), []byte{0, 0, 0, 1}, []byte("p")),            // 4-byte seq
+		zmq4.NewMsgFrom([]byte(""), []byte{}, []byte("p")),                      // empty seq
+	}
+	for _, m := range bad {
+		raw.Send(m)
+		good()
+	}
+	var want []string
+	for i := start; i < seq; i++ {
+		want = append(want, string(body(int(i))))
+	}
+	expectBatches(t, rec, start, want...)
+	if got := s.Stats().Malformed.Load(); got != uint64(len(bad)) {
+		t.Errorf("malformed = %d, want %d", got, len(bad))
+	}
+}
+
+func TestSubscriberDialsBeforeThePublisherBinds(t *testing.T) {
+	ep := freeTCP(t)
+	s, rec := startSubscriber(t, Config{Endpoint: ep})
+	time.Sleep(150 * time.Millisecond) // several failed dials
+	pub := newPublisher(t, PublisherConfig{Endpoint: ep})
+	defer pub.Close()
+	syncUp(t, pub, rec)
+	if !s.Stats().Connected.Load() {
+		t.Error("not connected after receiving")
+	}
+}
+
+func TestIdleWatchdogRebuildsTheSocket(t *testing.T) {
+	ep := freeTCP(t)
+	pub := newPublisher(t, PublisherConfig{Endpoint: ep})
+	defer pub.Close()
+	s, rec := startSubscriber(t, Config{Endpoint: ep, IdleTimeout: 100 * time.Millisecond})
+	syncUp(t, pub, rec)
+	time.Sleep(350 * time.Millisecond)
+	if got := s.Stats().Reconnects.Load(); got < 1 {
+		t.Errorf("reconnects = %d after an idle spell, want at least 1", got)
+	}
+	syncUp(t, pub, rec) // and it still receives
+}
+
+func TestConfigErrors(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{}, `endpoint "": scheme "" is not tcp or ipc`},
+		{Config{Endpoint: "http://x:1"}, `scheme "http" is not tcp or ipc`},
+		{Config{Endpoint: "tcp://host"}, "want tcp://host:port"},
+		{Config{Endpoint: "ipc://"}, "want ipc://path"},
+		{Config{Endpoint: "tcp://h:1", ReplayEndpoint: "udp://h:2"}, `replay endpoint "udp://h:2"`},
+	} {
+		_, err := NewSubscriber(tc.cfg)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("NewSubscriber(%+v) = %v, want an error containing %q", tc.cfg, err, tc.want)
+		}
+	}
+}
