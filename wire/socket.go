@@ -67,6 +67,16 @@ func (r *receiver) loop() {
 	}
 }
 
+// dead reports whether the socket has failed (its peer went away).
+func (r *receiver) dead() bool {
+	select {
+	case <-r.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // close closes the socket and waits for the reader. It must be called once,
 // by the receiver's owner.
 func (r *receiver) close() {

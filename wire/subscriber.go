@@ -287,6 +287,9 @@ func (s *Subscriber) deliver(f frame, h Handler) {
 // s.queue meanwhile.
 func (s *Subscriber) replay(ctx context.Context, start, upto uint64, sub *receiver, h Handler) {
 	s.stats.Replays.Add(1)
+	if s.dealer != nil && s.dealer.dead() {
+		s.closeDealer() // the engine's ROUTER went away since the last replay
+	}
 	if s.dealer == nil {
 		sock, err := dial(ctx, zmq4.Dealer, s.cfg.ReplayEndpoint)
 		if err != nil {
