@@ -1,97 +1,13 @@
 package wire
 
 import (
-	"bufio"
 	"encoding/json"
-	"io"
-	"os"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/internal/enginepeer"
 )
-
-// python finds an interpreter with pyzmq (the C libzmq) and msgpack, as
-// Debian's python3-zmq and python3-msgpack provide them.
-func python(t *testing.T) string {
-	t.Helper()
-	for _, p := range []string{"/usr/bin/python3", "python3"} {
-		if path, err := exec.LookPath(p); err == nil && exec.Command(path, "-c", "import zmq, msgpack").Run() == nil {
-			return path
-		}
-	}
-	t.Skip("libzmq interop skipped: no python3 with zmq and msgpack (apt-get install python3-zmq python3-msgpack)")
-	return ""
-}
-
-// peer is a Python process driven line by line.
-type peer struct {
-	t     *testing.T
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	lines chan string
-}
-
-func startPeer(t *testing.T, script string, args ...string) *peer {
-	t.Helper()
-	cmd := exec.Command(python(t), append([]string{"testdata/" + script}, args...)...)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &peer{t: t, cmd: cmd, stdin: stdin, lines: make(chan string, 1024)}
-	go func() {
-		defer close(p.lines)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			p.lines <- sc.Text()
-		}
-	}()
-	t.Cleanup(func() {
-		stdin.Close()
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-		for range p.lines { // let the reader goroutine finish
-		}
-	})
-	return p
-}
-
-func (p *peer) send(line string) {
-	if _, err := io.WriteString(p.stdin, line+"\n"); err != nil {
-		p.t.Fatal(err)
-	}
-}
-
-func (p *peer) expect(prefix string) string {
-	p.t.Helper()
-	select {
-	case l, ok := <-p.lines:
-		if !ok || !strings.HasPrefix(l, prefix) {
-			p.t.Fatalf("peer said %q (open %v), want %q", l, ok, prefix)
-		}
-		return l
-	case <-time.After(15 * time.Second):
-		p.t.Fatalf("peer silent, want %q", prefix)
-		return ""
-	}
-}
 
 // realBatches reads handler calls until it has n batches with events,
 // skipping probes, and returns the block hashes in order and the resets seen.
@@ -147,17 +63,17 @@ func TestInteropLibzmqEngineToGoSubscriber(t *testing.T) {
 			if replyTopic {
 				args = append(args, "--reply-topic")
 			}
-			engine := startPeer(t, "engine_pub.py", args...)
-			engine.expect("ready")
+			engine := enginepeer.Start(t, "testdata/engine_pub.py", args...)
+			engine.Expect("ready")
 			s, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: replay, Topic: "kv"})
 			rec.next(t) // a probe arrived: the subscription is in place
-			engine.send("go")
-			engine.send("batches 30 0,5,6,7,20,29")
-			engine.expect("published")
+			engine.Send("go")
+			engine.Send("batches 30 0,5,6,7,20,29")
+			engine.Expect("published")
 			// Batch 29, the last, was dropped: nothing shows its gap until
 			// another batch comes, so publish one more.
-			engine.send("batches 1")
-			engine.expect("published")
+			engine.Send("batches 1")
+			engine.Expect("published")
 			hashes, resets := realBatches(t, rec, 31)
 			if len(resets) != 0 {
 				t.Fatalf("resets %v, want none", resets)
@@ -169,8 +85,8 @@ func TestInteropLibzmqEngineToGoSubscriber(t *testing.T) {
 					st.Lost.Load(), st.Replayed.Load(), st.Gaps.Load())
 			}
 
-			engine.send("restart")
-			engine.expect("restarted")
+			engine.Send("restart")
+			engine.Expect("restarted")
 			// Wait until the restarted engine's probes arrive after a restart reset.
 			for sawRestart := false; ; {
 				c := rec.next(t)
@@ -183,9 +99,9 @@ func TestInteropLibzmqEngineToGoSubscriber(t *testing.T) {
 					break
 				}
 			}
-			engine.send("go")
-			engine.send("batches 10 3,4")
-			engine.expect("published")
+			engine.Send("go")
+			engine.Send("batches 10 3,4")
+			engine.Expect("published")
 			hashes, resets = realBatches(t, rec, 10)
 			if len(resets) != 0 {
 				t.Fatalf("resets %v after the restart, want none", resets)
@@ -194,7 +110,7 @@ func TestInteropLibzmqEngineToGoSubscriber(t *testing.T) {
 			if st.Restarts.Load() != 1 || st.Reconnects.Load() < 1 || st.Lost.Load() != 0 {
 				t.Errorf("restarts=%d reconnects=%d lost=%d; want 1, >= 1, 0", st.Restarts.Load(), st.Reconnects.Load(), st.Lost.Load())
 			}
-			engine.send("quit")
+			engine.Send("quit")
 		})
 	}
 }
@@ -217,7 +133,7 @@ func TestInteropGoPublisherToLibzmqSubscriber(t *testing.T) {
 	probe := codec.AppendBatch(nil, &codec.Batch{TS: 1}, codec.CurrentVLLM)
 	// Seqs 0..9 are probes for sure; real batches follow from the first seq the subscriber sees + some.
 	const n = 20
-	sub := startPeer(t, "engine_sub.py", "--endpoint", ep, "--replay", replay, "--topic", "kv", "--count", "20", "--replay-from", "0")
+	sub := enginepeer.Start(t, "testdata/engine_sub.py", "--endpoint", ep, "--replay", replay, "--topic", "kv", "--count", "20", "--replay-from", "0")
 	var first subLine
 	for deadline := time.Now().Add(15 * time.Second); ; {
 		if time.Now().After(deadline) {
@@ -225,7 +141,7 @@ func TestInteropGoPublisherToLibzmqSubscriber(t *testing.T) {
 		}
 		pub.Publish(probe)
 		select {
-		case l := <-sub.lines:
+		case l := <-sub.Lines:
 			if err := json.Unmarshal([]byte(l), &first); err != nil {
 				t.Fatal(l, err)
 			}
@@ -242,7 +158,7 @@ func TestInteropGoPublisherToLibzmqSubscriber(t *testing.T) {
 	var live, replayed []uint64
 	var liveSeqs []int64
 	lastReplay := int64(-2)
-	for l := range sub.lines {
+	for l := range sub.Lines {
 		var sl subLine
 		if err := json.Unmarshal([]byte(l), &sl); err != nil {
 			t.Fatal(l, err)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"path/filepath"
 	"strings"
@@ -16,7 +17,7 @@ func TestDecodePrintsEveryGoldenVector(t *testing.T) {
 	}
 	for _, f := range files {
 		var out, errOut bytes.Buffer
-		if code := run([]string{"decode", "--hex", f}, nil, &out, &errOut); code != 0 {
+		if code := run(context.Background(), []string{"decode", "--hex", f}, nil, &out, &errOut); code != 0 {
 			t.Fatalf("%s: exit %d: %s", f, code, errOut.String())
 		}
 		lines := strings.Split(strings.TrimSpace(out.String()), "\n")
@@ -37,7 +38,7 @@ func TestDecodePrintsEveryGoldenVector(t *testing.T) {
 
 func TestDecodeHashesAreUnsignedDecimal(t *testing.T) {
 	var out bytes.Buffer
-	if code := run([]string{"decode", "--hex", "../../codec/testdata/golden/sglang_signed.hex"}, nil, &out, &bytes.Buffer{}); code != 0 {
+	if code := run(context.Background(), []string{"decode", "--hex", "../../codec/testdata/golden/sglang_signed.hex"}, nil, &out, &bytes.Buffer{}); code != 0 {
 		t.Fatal("exit", code)
 	}
 	if !strings.Contains(out.String(), `"block_hashes":[18446744073709551614,18446744073709551615]`) {
@@ -48,7 +49,7 @@ func TestDecodeHashesAreUnsignedDecimal(t *testing.T) {
 func TestDecodeBadPayloadExitsOne(t *testing.T) {
 	for _, in := range []string{"c0", "93 cb 00", "zz"} {
 		var out, errOut bytes.Buffer
-		code := run([]string{"decode", "--hex"}, strings.NewReader(in), &out, &errOut)
+		code := run(context.Background(), []string{"decode", "--hex"}, strings.NewReader(in), &out, &errOut)
 		if code != 1 || errOut.Len() == 0 || out.Len() != 0 {
 			t.Errorf("input %q: exit %d, stderr %q, stdout %q; want 1, a message, nothing", in, code, errOut.String(), out.String())
 		}

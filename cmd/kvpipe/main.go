@@ -5,16 +5,21 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 )
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
 }
 
-func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprintln(stderr, "usage: kvpipe decode|listen [flags]; kvpipe CMD -h for the flags")
 		return 2
@@ -23,7 +28,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case "decode":
 		return decodeCmd(args[1:], stdin, stdout, stderr)
 	case "listen":
-		return listenCmd(args[1:], stdout, stderr)
+		return listenCmd(ctx, args[1:], stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "kvpipe: unknown command %q (want decode or listen)\n", args[0])
 	return 2

@@ -1,0 +1,96 @@
+// Package enginepeer runs the Python (C libzmq) engine peers that the interop
+// tests talk to, skipping the test when python3-zmq is not installed.
+package enginepeer
+
+import (
+	"bufio"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Python finds an interpreter with pyzmq (the C libzmq) and msgpack, as
+// Debian's python3-zmq and python3-msgpack provide them.
+func Python(t testing.TB) string {
+	t.Helper()
+	for _, p := range []string{"/usr/bin/python3", "python3"} {
+		if path, err := exec.LookPath(p); err == nil && exec.Command(path, "-c", "import zmq, msgpack").Run() == nil {
+			return path
+		}
+	}
+	t.Skip("libzmq interop skipped: no python3 with zmq and msgpack (apt-get install python3-zmq python3-msgpack)")
+	return ""
+}
+
+// Peer is a Python process driven line by line: commands on its stdin,
+// its stdout lines on Lines.
+type Peer struct {
+	t     testing.TB
+	stdin io.WriteCloser
+	Lines chan string
+}
+
+// Start runs script with args under Python until the test ends.
+func Start(t testing.TB, script string, args ...string) *Peer {
+	t.Helper()
+	cmd := exec.Command(Python(t), append([]string{script}, args...)...)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &Peer{t: t, stdin: stdin, Lines: make(chan string, 1024)}
+	go func() {
+		defer close(p.Lines)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			p.Lines <- sc.Text()
+		}
+	}()
+	t.Cleanup(func() {
+		stdin.Close()
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+		for range p.Lines { // let the reader goroutine finish
+		}
+	})
+	return p
+}
+
+// Send writes one command line.
+func (p *Peer) Send(line string) {
+	if _, err := io.WriteString(p.stdin, line+"\n"); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+// Expect reads the next line and fails the test unless it starts with prefix.
+func (p *Peer) Expect(prefix string) string {
+	p.t.Helper()
+	select {
+	case l, ok := <-p.Lines:
+		if !ok || !strings.HasPrefix(l, prefix) {
+			p.t.Fatalf("peer said %q (open %v), want %q", l, ok, prefix)
+		}
+		return l
+	case <-time.After(15 * time.Second):
+		p.t.Fatalf("peer silent, want %q", prefix)
+		return ""
+	}
+}
