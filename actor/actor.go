@@ -1,0 +1,318 @@
+package actor
+
+import (
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/wire"
+)
+
+// Reason is why an event was filtered out rather than indexed.
+type Reason uint8
+
+const (
+	PartialBlock     Reason = iota // a block smaller than the router's, after this worker sent full ones
+	NonMainAttention               // a sliding-window, Mamba, ... group
+	UnlearnedGroup                 // a nonzero group_idx whose kind was never published
+	LowerTier                      // host or disk tier
+	UnknownMedium                  // a medium this version does not know
+	UnknownEvent                   // a tag this version does not know
+	NumReasons
+)
+
+var reasonNames = [NumReasons]string{"partial_block", "non_main_attention", "unlearned_group", "lower_tier", "unknown_medium", "unknown_event"}
+
+func (r Reason) String() string { return reasonNames[r] }
+
+// Backpressure says what the actor does when its shard is behind.
+type Backpressure uint8
+
+const (
+	// Block waits for the shard, and so stops reading the socket: the loss,
+	// if any, then shows upstream as a seq gap, which wire recovers.
+	Block Backpressure = iota
+	// Drop discards the batch's ops, counts them, and resyncs the worker in
+	// the index (its entries cleared) with the next batch that gets through.
+	Drop
+)
+
+// Config configures the actor of one worker.
+type Config struct {
+	Worker       index.WorkerID
+	Name         string // for logs
+	BlockSize    int    // the router's block size, e.g. 16
+	Shard        chan<- *index.Batch
+	Backpressure Backpressure
+	Logger       *slog.Logger
+}
+
+// Stats counts what one actor did. Any goroutine may read it.
+type Stats struct {
+	Batches, DecodeErrors              atomic.Uint64
+	Stored, Removed, Cleared           atomic.Uint64 // events by type, as received
+	Filtered                           [NumReasons]atomic.Uint64
+	BlocksStored, BlocksRemoved        atomic.Uint64 // router blocks sent to the index
+	TokenMismatch, UnknownParent       atomic.Uint64
+	UnknownRemove, SizeWarnings        atomic.Uint64
+	Resyncs, DroppedBatches            atomic.Uint64
+	IndexedBlocks                      atomic.Int64 // blocks this worker holds in the index
+}
+
+// poolSize is how many batches an actor has in flight to its shard at most.
+const poolSize = 4
+
+// Actor normalises one worker's events and sends them to its shard. It is a
+// wire.Handler: its state is owned by the goroutine running the worker's
+// Subscriber, and needs no lock.
+type Actor struct {
+	cfg     Config
+	stats   Stats
+	decoder *codec.Decoder
+	batch   codec.Batch
+	hasher  index.Hasher
+	free    chan *index.Batch
+	out     *index.Batch // being filled; nil until the first op
+	resync  bool         // a dropped batch left the index behind: clear first
+
+	// routerOf maps the engine's block hash to the router's, for chaining
+	// parents and for removes.
+	routerOf map[uint64]uint64
+	// fullSeen: this worker published a block of the router's size that
+	// passed group filtering.
+	fullSeen bool
+	// mainGroup: what each group_idx was learned to be.
+	mainGroup map[int]bool
+	warn      time.Time
+}
+
+// New returns the actor of one worker.
+func New(cfg Config) *Actor {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	a := &Actor{cfg: cfg, decoder: codec.NewDecoder(), free: make(chan *index.Batch, poolSize),
+		routerOf: make(map[uint64]uint64), mainGroup: make(map[int]bool)}
+	for range poolSize {
+		a.free <- &index.Batch{Worker: cfg.Worker, Return: a.free}
+	}
+	return a
+}
+
+// Stats returns the actor's counters.
+func (a *Actor) Stats() *Stats { return &a.stats }
+
+var _ wire.Handler = (*Actor)(nil)
+
+// HandleBatch decodes one batch, filters and converts its events, and sends
+// the resulting ops to the shard.
+func (a *Actor) HandleBatch(seq uint64, payload []byte) {
+	a.stats.Batches.Add(1)
+	if err := a.decoder.Decode(payload, &a.batch); err != nil {
+		a.stats.DecodeErrors.Add(1)
+		a.warnf("batch dropped: bad payload", "seq", seq, "err", err)
+		return
+	}
+	if a.batch.Skipped > 0 {
+		a.stats.Filtered[UnknownEvent].Add(uint64(a.batch.Skipped))
+	}
+	for i := range a.batch.Events {
+		a.apply(&a.batch.Events[i])
+	}
+	a.flush()
+}
+
+// HandleReset: history is unknown, so the worker's entries may be stale.
+func (a *Actor) HandleReset(reason wire.ResetReason) {
+	a.stats.Resyncs.Add(1)
+	a.cfg.Logger.Info("kvpipe/actor: resync", "worker", a.cfg.Name, "reason", reason.String())
+	a.clear()
+	a.flush()
+}
+
+func (a *Actor) apply(e *codec.Event) {
+	switch e.Type {
+	case codec.BlockStored:
+		a.stats.Stored.Add(1)
+		a.store(e)
+	case codec.BlockRemoved:
+		a.stats.Removed.Add(1)
+		if r, ok := a.filter(e); !ok {
+			a.stats.Filtered[r].Add(1)
+			return
+		}
+		for _, ext := range e.BlockHashes {
+			h, ok := a.routerOf[ext]
+			if !ok {
+				a.stats.UnknownRemove.Add(1)
+				continue
+			}
+			delete(a.routerOf, ext)
+			a.emit(index.OpRemove, h)
+			a.stats.BlocksRemoved.Add(1)
+		}
+	case codec.AllBlocksCleared:
+		a.stats.Cleared.Add(1)
+		if r, ok := a.mediumOK(e.Medium); !ok {
+			a.stats.Filtered[r].Add(1)
+			return
+		}
+		a.clear()
+	}
+}
+
+// clear forgets every block of the worker and its full-block history: an
+// engine that comes back with another block size must warn again.
+func (a *Actor) clear() {
+	clear(a.routerOf)
+	a.fullSeen = false
+	a.emit(index.OpClearWorker, 0)
+}
+
+func (a *Actor) store(e *codec.Event) {
+	size := a.cfg.BlockSize
+	if a.fullSeen && e.BlockSize < size {
+		a.stats.Filtered[PartialBlock].Add(1)
+		a.cfg.Logger.Debug("kvpipe/actor: partial tail block dropped", "worker", a.cfg.Name, "block_size", e.BlockSize)
+		return
+	}
+	if r, ok := a.filter(e); !ok {
+		a.stats.Filtered[r].Add(1)
+		return
+	}
+	if e.BlockSize == size {
+		a.fullSeen = true
+	} else {
+		a.stats.SizeWarnings.Add(1)
+		a.warnf("block size differs from the router's", "configured", size, "received", e.BlockSize)
+	}
+	bs := e.BlockSize
+	if bs <= 0 {
+		a.stats.TokenMismatch.Add(1)
+		return
+	}
+	n := len(e.BlockHashes)
+	if whole := len(e.TokenIDs) / bs; whole < n {
+		a.stats.TokenMismatch.Add(1)
+		n = whole
+	}
+	parent, hasParent := uint64(0), false
+	if e.HasParent {
+		if parent, hasParent = a.routerOf[e.ParentHash]; !hasParent {
+			a.stats.UnknownParent.Add(1) // a new root for this worker
+		}
+	}
+	for i := range n {
+		h := a.hasher.Block(parent, hasParent, e.TokenIDs[i*bs:(i+1)*bs])
+		if old, ok := a.routerOf[e.BlockHashes[i]]; ok {
+			if old == h {
+				parent, hasParent = h, true
+				continue // stored again: the index holds it already
+			}
+			a.emit(index.OpRemove, old)
+		}
+		a.routerOf[e.BlockHashes[i]] = h
+		a.emit(index.OpStore, h)
+		a.stats.BlocksStored.Add(1)
+		parent, hasParent = h, true
+	}
+}
+
+// filter applies the group and medium rules (SPEC 3.3 and 3.4), learning
+// each group's kind from events that carry both.
+func (a *Actor) filter(e *codec.Event) (Reason, bool) {
+	if e.SpecKind != "" {
+		main := codec.IsMainAttention(e.SpecKind)
+		if e.HasGroupIdx && e.Type == codec.BlockStored {
+			a.mainGroup[e.GroupIdx] = main
+		}
+		if !main {
+			return NonMainAttention, false
+		}
+	} else if e.HasGroupIdx {
+		main, learned := a.mainGroup[e.GroupIdx]
+		switch {
+		case learned && !main:
+			return NonMainAttention, false
+		case !learned && e.GroupIdx != 0:
+			return UnlearnedGroup, false
+		}
+	}
+	return a.mediumOK(e.Medium)
+}
+
+func (a *Actor) mediumOK(medium string) (Reason, bool) {
+	switch codec.MediumTier(medium) {
+	case codec.TierDevice:
+		return 0, true
+	case codec.TierUnknown:
+		return UnknownMedium, false
+	}
+	return LowerTier, false
+}
+
+func (a *Actor) emit(kind index.OpKind, h uint64) {
+	if a.out == nil {
+		a.out = a.take()
+	}
+	switch kind {
+	case index.OpStore:
+		a.stats.IndexedBlocks.Add(1)
+	case index.OpRemove:
+		a.stats.IndexedBlocks.Add(-1)
+	case index.OpClearWorker:
+		a.stats.IndexedBlocks.Store(0)
+	}
+	a.out.Ops = append(a.out.Ops, index.Op{Kind: kind, Hash: h})
+}
+
+// take returns a free batch, waiting for the shard to hand one back.
+func (a *Actor) take() *index.Batch {
+	if a.cfg.Backpressure == Drop {
+		select {
+		case b := <-a.free:
+			return b
+		default:
+			return &index.Batch{Worker: a.cfg.Worker} // not returned to the pool
+		}
+	}
+	return <-a.free
+}
+
+func (a *Actor) flush() {
+	b := a.out
+	if b == nil {
+		return
+	}
+	a.out = nil
+	if a.resync {
+		// Entries were lost with a dropped batch: start the worker afresh.
+		b.Ops = append([]index.Op{{Kind: index.OpClearWorker}}, b.Ops...)
+		a.resync = false
+	}
+	if a.cfg.Backpressure == Block {
+		a.cfg.Shard <- b
+		return
+	}
+	select {
+	case a.cfg.Shard <- b:
+	default:
+		a.stats.DroppedBatches.Add(1)
+		a.resync = true
+		clear(a.routerOf)
+		a.fullSeen = false
+		if b.Return != nil {
+			b.Ops = b.Ops[:0]
+			a.free <- b
+		}
+	}
+}
+
+func (a *Actor) warnf(msg string, args ...any) {
+	if now := time.Now(); now.Sub(a.warn) >= time.Second {
+		a.warn = now
+		a.cfg.Logger.Warn("kvpipe/actor: "+msg, append(args, "worker", a.cfg.Name)...)
+	}
+}

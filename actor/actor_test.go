@@ -1,0 +1,214 @@
+package actor
+
+import (
+	"testing"
+
+	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/wire"
+)
+
+// harness runs an actor against a plain channel, recording every op.
+type harness struct {
+	t     *testing.T
+	a     *Actor
+	shard chan *index.Batch
+	ops   []index.Op
+}
+
+func newHarness(t *testing.T) *harness {
+	ch := make(chan *index.Batch, 16)
+	return &harness{t: t, a: New(Config{Worker: 1, Name: "w1", BlockSize: 16, Shard: ch}), shard: ch}
+}
+
+func (h *harness) send(events ...codec.Event) {
+	p := codec.AppendBatch(nil, &codec.Batch{Events: events}, codec.CurrentVLLM)
+	h.a.HandleBatch(0, p)
+	h.collect()
+}
+
+func (h *harness) collect() {
+	for {
+		select {
+		case b := <-h.shard:
+			h.ops = append(h.ops, b.Ops...)
+			b.Ops = b.Ops[:0]
+			b.Return <- b
+		default:
+			return
+		}
+	}
+}
+
+func (h *harness) stores() (n int) {
+	for _, op := range h.ops {
+		if op.Kind == index.OpStore {
+			n++
+		}
+	}
+	return n
+}
+
+// tokens returns n blocks of bs tokens, distinct per seed.
+func tokens(seed, n, bs int) []uint32 {
+	out := make([]uint32, n*bs)
+	for i := range out {
+		out[i] = uint32(seed*100_000 + i)
+	}
+	return out
+}
+
+func stored(hash uint64, bs int, mods ...func(*codec.Event)) codec.Event {
+	e := codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{hash}, TokenIDs: tokens(int(hash), 1, bs), BlockSize: bs}
+	for _, m := range mods {
+		m(&e)
+	}
+	return e
+}
+
+func group(idx int, kind string) func(*codec.Event) {
+	return func(e *codec.Event) { e.GroupIdx, e.HasGroupIdx, e.SpecKind = idx, true, kind }
+}
+func medium(m string) func(*codec.Event) { return func(e *codec.Event) { e.Medium = m } }
+
+func cleared() codec.Event { return codec.Event{Type: codec.AllBlocksCleared} }
+
+func TestNormalisationRules(t *testing.T) {
+	cases := []struct {
+		name     string
+		events   []codec.Event
+		stores   int
+		filtered map[Reason]uint64
+		warnings uint64
+	}{
+		{"partial tail after a full block is filtered",
+			[]codec.Event{stored(1, 16), stored(2, 4)}, 1, map[Reason]uint64{PartialBlock: 1}, 0},
+		{"undersized before any full block is converted and warns",
+			[]codec.Event{stored(1, 4), stored(2, 16)}, 2, nil, 1},
+		{"a filtered group does not prove the block size",
+			[]codec.Event{stored(1, 16, group(1, "sliding_window")), stored(2, 4)}, 1, map[Reason]uint64{NonMainAttention: 1}, 1},
+		{"AllBlocksCleared resets the history",
+			[]codec.Event{stored(1, 16), cleared(), stored(2, 4)}, 2, nil, 1},
+		{"an engine back with another block size warns again",
+			[]codec.Event{stored(1, 16), cleared(), stored(2, 32), stored(3, 32)}, 3, nil, 2},
+		{"a learned non-main group is filtered without its kind",
+			[]codec.Event{stored(1, 16, group(1, "mamba")), stored(2, 16, group(1, ""))}, 0, map[Reason]uint64{NonMainAttention: 2}, 0},
+		{"a learned main group is indexed",
+			[]codec.Event{stored(1, 16, group(2, "mla_attention")), stored(2, 16, group(2, ""))}, 2, nil, 0},
+		{"an unlearned nonzero group is filtered",
+			[]codec.Event{stored(1, 16, group(3, ""))}, 0, map[Reason]uint64{UnlearnedGroup: 1}, 0},
+		{"group 0 without a kind is main",
+			[]codec.Event{stored(1, 16, group(0, ""))}, 1, nil, 0},
+		{"host and disk tiers are lower tiers, an unknown medium is counted",
+			[]codec.Event{stored(1, 16, medium("CPU")), stored(2, 16, medium("DISK")), stored(3, 16, medium("TAPE")), stored(4, 16, medium("GPU"))},
+			1, map[Reason]uint64{LowerTier: 2, UnknownMedium: 1}, 0},
+		{"tracking is per event kind: sliding window kind filtered even as group 0",
+			[]codec.Event{stored(1, 16, group(0, "sliding_window"))}, 0, map[Reason]uint64{NonMainAttention: 1}, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.send(tc.events...)
+			if got := h.stores(); got != tc.stores {
+				t.Errorf("stores = %d, want %d", got, tc.stores)
+			}
+			st := h.a.Stats()
+			for r := range NumReasons {
+				if got := st.Filtered[r].Load(); got != tc.filtered[r] {
+					t.Errorf("filtered[%v] = %d, want %d", r, got, tc.filtered[r])
+				}
+			}
+			if got := st.SizeWarnings.Load(); got != tc.warnings {
+				t.Errorf("size warnings = %d, want %d", got, tc.warnings)
+			}
+		})
+	}
+}
+
+func TestHistoryIsPerWorker(t *testing.T) {
+	a, b := newHarness(t), newHarness(t)
+	a.send(stored(1, 16), stored(2, 4))
+	b.send(stored(3, 4))
+	if a.a.Stats().Filtered[PartialBlock].Load() != 1 || b.a.Stats().Filtered[PartialBlock].Load() != 0 || b.stores() != 1 {
+		t.Errorf("worker b was judged by worker a's history")
+	}
+}
+
+func TestConversion(t *testing.T) {
+	var hasher index.Hasher
+	t.Run("chained to the parent, as a router hashes the prompt", func(t *testing.T) {
+		h := newHarness(t)
+		toks := tokens(7, 3, 16)
+		h.send(codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{70, 71}, TokenIDs: toks[:32], BlockSize: 16},
+			codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{72}, ParentHash: 71, HasParent: true, TokenIDs: toks[32:], BlockSize: 16})
+		want := hasher.Prompt(nil, toks, 16)
+		if len(h.ops) != 3 {
+			t.Fatalf("ops %v", h.ops)
+		}
+		for i, op := range h.ops {
+			if op.Kind != index.OpStore || op.Hash != want[i] {
+				t.Errorf("op %d = %+v, want store of %x", i, op, want[i])
+			}
+		}
+	})
+	t.Run("unknown parent is a new root, counted", func(t *testing.T) {
+		h := newHarness(t)
+		toks := tokens(8, 1, 16)
+		h.send(codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{80}, ParentHash: 999, HasParent: true, TokenIDs: toks, BlockSize: 16})
+		if h.a.Stats().UnknownParent.Load() != 1 || len(h.ops) != 1 || h.ops[0].Hash != hasher.Prompt(nil, toks, 16)[0] {
+			t.Errorf("ops %v, unknown_parent %d", h.ops, h.a.Stats().UnknownParent.Load())
+		}
+	})
+	t.Run("tokens short of the blocks convert up to the last whole block", func(t *testing.T) {
+		h := newHarness(t)
+		h.send(codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{1, 2, 3}, TokenIDs: tokens(1, 2, 16)[:20], BlockSize: 16})
+		if h.stores() != 1 || h.a.Stats().TokenMismatch.Load() != 1 {
+			t.Errorf("stores %d, token_mismatch %d; want 1 and 1", h.stores(), h.a.Stats().TokenMismatch.Load())
+		}
+	})
+	t.Run("removes map engine hashes to router hashes; unknown ones are counted", func(t *testing.T) {
+		h := newHarness(t)
+		h.send(stored(5, 16), codec.Event{Type: codec.BlockRemoved, BlockHashes: []uint64{5, 6}})
+		if len(h.ops) != 2 || h.ops[1].Kind != index.OpRemove || h.ops[1].Hash != h.ops[0].Hash {
+			t.Fatalf("ops %v", h.ops)
+		}
+		if h.a.Stats().UnknownRemove.Load() != 1 {
+			t.Errorf("unknown_remove = %d, want 1", h.a.Stats().UnknownRemove.Load())
+		}
+	})
+	t.Run("a removed lower-tier block is filtered, not removed from the device index", func(t *testing.T) {
+		h := newHarness(t)
+		h.send(stored(5, 16), codec.Event{Type: codec.BlockRemoved, BlockHashes: []uint64{5}, Medium: "CPU"})
+		if len(h.ops) != 1 || h.a.Stats().Filtered[LowerTier].Load() != 1 {
+			t.Errorf("ops %v, lower_tier %d", h.ops, h.a.Stats().Filtered[LowerTier].Load())
+		}
+	})
+}
+
+func TestResetClearsTheWorker(t *testing.T) {
+	h := newHarness(t)
+	h.send(stored(1, 16))
+	for _, why := range []wire.ResetReason{wire.ResetRestart, wire.ResetHistoryMissing, wire.ResetGapLost} {
+		h.ops = nil
+		h.a.HandleReset(why)
+		h.collect()
+		if len(h.ops) != 1 || h.ops[0].Kind != index.OpClearWorker {
+			t.Errorf("%v: ops %v, want one clear", why, h.ops)
+		}
+	}
+	h.send(stored(2, 4)) // history was reset: converted, with a warning
+	if h.a.Stats().Resyncs.Load() != 3 || h.a.Stats().Filtered[PartialBlock].Load() != 0 {
+		t.Errorf("resyncs %d partial %d", h.a.Stats().Resyncs.Load(), h.a.Stats().Filtered[PartialBlock].Load())
+	}
+}
+
+func TestBadAndUnknownInput(t *testing.T) {
+	h := newHarness(t)
+	h.a.HandleBatch(0, []byte{0x93, 0x01})
+	unknown := []byte{0x92, 0x00, 0x92, 0x91, 0xa3, 'F', 'o', 'o', 0x91, 0xa3, 'B', 'a', 'r'}
+	h.a.HandleBatch(1, unknown)
+	st := h.a.Stats()
+	if st.DecodeErrors.Load() != 1 || st.Filtered[UnknownEvent].Load() != 2 || st.Batches.Load() != 2 {
+		t.Errorf("decode_errors %d unknown_event %d batches %d", st.DecodeErrors.Load(), st.Filtered[UnknownEvent].Load(), st.Batches.Load())
+	}
+}
