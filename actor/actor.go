@@ -51,14 +51,14 @@ type Config struct {
 
 // Stats counts what one actor did. Any goroutine may read it.
 type Stats struct {
-	Batches, DecodeErrors              atomic.Uint64
-	Stored, Removed, Cleared           atomic.Uint64 // events by type, as received
-	Filtered                           [NumReasons]atomic.Uint64
-	BlocksStored, BlocksRemoved        atomic.Uint64 // router blocks sent to the index
-	TokenMismatch, UnknownParent       atomic.Uint64
-	UnknownRemove, SizeWarnings        atomic.Uint64
-	Resyncs, DroppedBatches            atomic.Uint64
-	IndexedBlocks                      atomic.Int64 // blocks this worker holds in the index
+	Batches, DecodeErrors        atomic.Uint64
+	Stored, Removed, Cleared     atomic.Uint64 // events by type, as received
+	Filtered                     [NumReasons]atomic.Uint64
+	BlocksStored, BlocksRemoved  atomic.Uint64 // router blocks sent to the index
+	TokenMismatch, UnknownParent atomic.Uint64
+	UnknownRemove, SizeWarnings  atomic.Uint64
+	Resyncs, DroppedBatches      atomic.Uint64
+	IndexedBlocks                atomic.Int64 // blocks this worker holds in the index
 }
 
 // poolSize is how many batches an actor has in flight to its shard at most.
