@@ -9,12 +9,16 @@ type WorkerID uint32
 // A Tree is owned by one goroutine.
 type Tree struct {
 	nodes map[uint64]*node
+	free  []*node // freed nodes, reused so that a warm tree allocates nothing
 	held  map[WorkerID]map[uint64]int32 // per worker: hash -> how many engine blocks map to it
 	// UnknownRemoves counts removes of blocks the worker did not hold.
 	UnknownRemoves uint64
 }
 
 type node struct{ workers []WorkerID }
+
+// maxFree bounds the free list, so a tree that shrank gives memory back.
+const maxFree = 1 << 16
 
 // NewTree returns an empty tree.
 func NewTree() *Tree {
@@ -40,7 +44,11 @@ func (t *Tree) Store(w WorkerID, h uint64) {
 	}
 	n := t.nodes[h]
 	if n == nil {
-		n = &node{}
+		if k := len(t.free); k > 0 {
+			n, t.free = t.free[k-1], t.free[:k-1]
+		} else {
+			n = &node{}
+		}
 		t.nodes[h] = n
 	}
 	n.workers = append(n.workers, w)
@@ -59,13 +67,10 @@ func (t *Tree) Remove(w WorkerID, h uint64) {
 		return
 	}
 	delete(held, h)
-	if len(held) == 0 {
-		delete(t.held, w) // removing a worker's last block frees all of its entries
-	}
 	t.drop(w, h)
 }
 
-// ClearWorker removes every block w holds.
+// ClearWorker removes every block w holds and frees its entries.
 func (t *Tree) ClearWorker(w WorkerID) {
 	for h := range t.held[w] {
 		t.drop(w, h)
@@ -86,6 +91,9 @@ func (t *Tree) drop(w WorkerID, h uint64) {
 	}
 	if len(n.workers) == 0 {
 		delete(t.nodes, h)
+		if len(t.free) < maxFree {
+			t.free = append(t.free, n)
+		}
 	}
 }
 

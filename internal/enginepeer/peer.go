@@ -21,8 +21,19 @@ func Python(t testing.TB) string {
 			return path
 		}
 	}
-	t.Skip("libzmq interop skipped: no python3 with zmq and msgpack (apt-get install python3-zmq python3-msgpack)")
+	Missing(t, "python3 with zmq and msgpack (apt-get install python3-zmq python3-msgpack)")
 	return ""
+}
+
+// Missing skips the test for want of a Python peer, or fails it where
+// KVPIPE_REQUIRE_PEERS is set (CI installs them: a skip there would hide a
+// broken install step).
+func Missing(t testing.TB, what string) {
+	t.Helper()
+	if os.Getenv("KVPIPE_REQUIRE_PEERS") != "" {
+		t.Fatalf("KVPIPE_REQUIRE_PEERS is set but %s is missing", what)
+	}
+	t.Skipf("skipped: needs %s", what)
 }
 
 // Peer is a Python process driven line by line: commands on its stdin,
