@@ -56,7 +56,7 @@ func TestTreeRemoveFreesNodesAndCountsUnknown(t *testing.T) {
 	if tr.UnknownRemoves != 2 || tr.Nodes() != 1 {
 		t.Errorf("unknown removes %d, nodes %d; want 2 and 1", tr.UnknownRemoves, tr.Nodes())
 	}
-	tr.ClearWorker(2)
+	tr.RemoveWorker(2)
 	if tr.Nodes() != 0 || tr.Blocks(1) != 0 || tr.Blocks(2) != 0 || tr.held[2] != nil {
 		t.Errorf("after clearing the last holder: %d nodes, blocks %d and %d, worker 2's entries %v",
 			tr.Nodes(), tr.Blocks(1), tr.Blocks(2), tr.held[2])

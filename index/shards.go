@@ -13,7 +13,8 @@ type OpKind uint8
 const (
 	OpStore       OpKind = iota // the worker holds Hash
 	OpRemove                    // the worker no longer holds Hash
-	OpClearWorker               // the worker holds nothing
+	OpClearWorker               // the worker holds nothing (its cache was cleared)
+	OpRemoveWorker              // the worker is gone: free all of its entries
 )
 
 // Op is one change to a worker's blocks, by router hash.
@@ -165,6 +166,8 @@ func (sh *shard) apply(b *Batch) {
 			t.Remove(b.Worker, op.Hash)
 		case OpClearWorker:
 			t.ClearWorker(b.Worker)
+		case OpRemoveWorker:
+			t.RemoveWorker(b.Worker)
 		}
 	}
 	sh.applied.Add(int64(len(b.Ops)))

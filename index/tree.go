@@ -70,11 +70,18 @@ func (t *Tree) Remove(w WorkerID, h uint64) {
 	t.drop(w, h)
 }
 
-// ClearWorker removes every block w holds and frees its entries.
+// ClearWorker removes every block w holds. It keeps w's table, since an
+// engine that cleared its cache fills it again.
 func (t *Tree) ClearWorker(w WorkerID) {
 	for h := range t.held[w] {
 		t.drop(w, h)
 	}
+	clear(t.held[w])
+}
+
+// RemoveWorker removes every block w holds and frees all of its entries.
+func (t *Tree) RemoveWorker(w WorkerID) {
+	t.ClearWorker(w)
 	delete(t.held, w)
 }
 

@@ -1,0 +1,163 @@
+package index
+
+import (
+	"context"
+	"testing"
+
+	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/internal/sim"
+)
+
+const benchWorkers = 8
+
+// mooncake replays the Mooncake trace through benchWorkers simulated engines
+// (16-token blocks, so 32 per trace block; sticky routing by first block) and
+// returns every engine step as an index batch, and each request's prompt keys.
+func mooncake(b *testing.B, limit int) (steps []Batch, prompts [][]uint64) {
+	path, ok := sim.FindTrace()
+	if !ok {
+		b.Skip("skipped: needs ../shared/traces/mooncake_conversation_trace.jsonl")
+	}
+	reqs, err := sim.LoadTrace(path, limit)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var engines [benchWorkers]*sim.Engine
+	var routerOf [benchWorkers]map[uint64]uint64
+	for w := range engines {
+		engines[w] = sim.NewEngine(16, 40_000)
+		routerOf[w] = map[uint64]uint64{}
+	}
+	var h Hasher
+	var evs []codec.Event
+	for i := range reqs {
+		r := &reqs[i]
+		tokens := sim.PromptTokens(nil, r)
+		keys := h.Prompt(nil, tokens, 16)
+		prompts = append(prompts, keys)
+		w := int(r.HashIDs[0] % benchWorkers)
+		var hit int
+		evs, hit = engines[w].Serve(evs[:0], r, tokens)
+		step := Batch{Worker: WorkerID(w)}
+		for _, e := range evs {
+			switch e.Type {
+			case codec.BlockStored:
+				for j, ext := range e.BlockHashes {
+					routerOf[w][ext] = keys[hit+j]
+					step.Ops = append(step.Ops, Op{Kind: OpStore, Hash: keys[hit+j]})
+				}
+			case codec.BlockRemoved:
+				for _, ext := range e.BlockHashes {
+					step.Ops = append(step.Ops, Op{Kind: OpRemove, Hash: routerOf[w][ext]})
+					delete(routerOf[w], ext)
+				}
+			}
+		}
+		steps = append(steps, step)
+	}
+	return steps, prompts
+}
+
+func countOps(steps []Batch) (n int) {
+	for _, s := range steps {
+		n += len(s.Ops)
+	}
+	return n
+}
+
+func applyAll(t *Tree, steps []Batch) {
+	for i := range steps {
+		for _, op := range steps[i].Ops {
+			if op.Kind == OpStore {
+				t.Store(steps[i].Worker, op.Hash)
+			} else {
+				t.Remove(steps[i].Worker, op.Hash)
+			}
+		}
+	}
+}
+
+// BenchmarkTreeApply: one op is one block stored or removed. Each iteration
+// replays the whole trace and clears the workers, so from the second on the
+// tree reuses what the first allocated.
+func BenchmarkTreeApply(b *testing.B) {
+	steps, _ := mooncake(b, 0)
+	ops := countOps(steps)
+	t := NewTree()
+	applyAll(t, steps)
+	for w := range WorkerID(benchWorkers) {
+		t.ClearWorker(w)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		applyAll(t, steps)
+		for w := range WorkerID(benchWorkers) {
+			t.ClearWorker(w)
+		}
+	}
+	b.ReportMetric(float64(ops), "blocks/op")
+	b.ReportMetric(float64(ops)*float64(b.N)/b.Elapsed().Seconds(), "blocks/s")
+}
+
+// recent is how many of the trace's last requests the FindMatches benchmarks
+// ask about: the ones whose blocks the engines still hold at the end.
+const recent = 2000
+
+// BenchmarkFindMatches: one recent request's prompt (on average 750 keys)
+// against the tree the trace left behind.
+func BenchmarkFindMatches(b *testing.B) {
+	steps, prompts := mooncake(b, 0)
+	prompts = prompts[len(prompts)-recent:]
+	t := NewTree()
+	applyAll(t, steps)
+	var dst []Score
+	hits, matched := 0, 0 // matched: the best score of each request, summed
+	b.ReportAllocs()
+	b.ResetTimer()
+	i := 0
+	for b.Loop() {
+		dst = t.FindMatches(dst[:0], prompts[i%len(prompts)])
+		hits += len(dst)
+		best := 0
+		for _, s := range dst {
+			best = max(best, s.Blocks)
+		}
+		matched += best
+		i++
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "requests/s")
+	b.ReportMetric(float64(matched)/float64(b.N), "best-match-blocks")
+	if hits == 0 {
+		b.Fatal("no request matched anything")
+	}
+}
+
+// BenchmarkShardsFindMatches: the same through the shard goroutines, asked
+// and merged, for 1, 2 and 4 shards.
+func BenchmarkShardsFindMatches(b *testing.B) {
+	steps, prompts := mooncake(b, 0)
+	prompts = prompts[len(prompts)-recent:]
+	for _, n := range []int{1, 2, 4} {
+		b.Run(map[int]string{1: "shards=1", 2: "shards=2", 4: "shards=4"}[n], func(b *testing.B) {
+			s := NewShards(n, 64)
+			defer s.Close()
+			for i := range steps {
+				s.Queue(steps[i].Worker) <- &steps[i]
+			}
+			ctx := context.Background()
+			var dst []Score
+			b.ReportAllocs()
+			b.ResetTimer()
+			i := 0
+			for b.Loop() {
+				var err error
+				if dst, err = s.FindMatches(ctx, dst[:0], prompts[i%len(prompts)]); err != nil {
+					b.Fatal(err)
+				}
+				i++
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "requests/s")
+		})
+	}
+}
