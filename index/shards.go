@@ -11,10 +11,10 @@ import (
 type OpKind uint8
 
 const (
-	OpStore       OpKind = iota // the worker holds Hash
-	OpRemove                    // the worker no longer holds Hash
-	OpClearWorker               // the worker holds nothing (its cache was cleared)
-	OpRemoveWorker              // the worker is gone: free all of its entries
+	OpStore        OpKind = iota // the worker holds Hash
+	OpRemove                     // the worker no longer holds Hash
+	OpClearWorker                // the worker holds nothing (its cache was cleared)
+	OpRemoveWorker               // the worker is gone: free all of its entries
 )
 
 // Op is one change to a worker's blocks, by router hash.

@@ -9,7 +9,7 @@ type WorkerID uint32
 // A Tree is owned by one goroutine.
 type Tree struct {
 	nodes map[uint64]*node
-	free  []*node // freed nodes, reused so that a warm tree allocates nothing
+	free  []*node                       // freed nodes, reused so that a warm tree allocates nothing
 	held  map[WorkerID]map[uint64]int32 // per worker: hash -> how many engine blocks map to it
 	// UnknownRemoves counts removes of blocks the worker did not hold.
 	UnknownRemoves uint64
