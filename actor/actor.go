@@ -132,6 +132,19 @@ func (a *Actor) HandleReset(reason wire.ResetReason) {
 	a.flush()
 }
 
+// Recover starts the worker afresh after a panic in its goroutine, whatever
+// state the panic left: the partial batch is discarded and the worker's
+// entries are cleared in its shard. Counters are kept.
+func (a *Actor) Recover() {
+	if a.out != nil {
+		a.out.Ops = a.out.Ops[:0]
+	}
+	clear(a.mainGroup)
+	a.stats.Resyncs.Add(1)
+	a.clear()
+	a.flush()
+}
+
 func (a *Actor) apply(e *codec.Event) {
 	switch e.Type {
 	case codec.BlockStored:

@@ -141,7 +141,7 @@ const liveDepth = 1024
 func (s *Subscriber) Run(ctx context.Context, h Handler) error {
 	defer s.closeDealer()
 	backoff := s.cfg.ReconnectMin
-	for attempt := 0; ; attempt++ {
+	for connectedBefore := false; ; {
 		sub, err := s.connect(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -154,14 +154,12 @@ func (s *Subscriber) Run(ctx context.Context, h Handler) error {
 			backoff = min(2*backoff, s.cfg.ReconnectMax)
 			continue
 		}
-		if attempt > 0 {
+		if connectedBefore {
 			s.stats.Reconnects.Add(1)
 		}
+		connectedBefore = true
 		backoff = s.cfg.ReconnectMin
-		s.stats.Connected.Store(true)
 		err = s.serve(ctx, sub, h)
-		s.stats.Connected.Store(false)
-		sub.close()
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -185,8 +183,14 @@ func (s *Subscriber) connect(ctx context.Context) (*receiver, error) {
 
 var errIdle = errors.New("no message within the idle timeout")
 
-// serve handles one socket's messages until it fails, idles out or ctx ends.
+// serve handles one socket's messages until it fails, idles out or ctx
+// ends, and closes it, also when the handler panics.
 func (s *Subscriber) serve(ctx context.Context, sub *receiver, h Handler) error {
+	s.stats.Connected.Store(true)
+	defer func() {
+		s.stats.Connected.Store(false)
+		sub.close()
+	}()
 	var idle <-chan time.Time
 	var timer *time.Timer
 	if s.cfg.IdleTimeout > 0 {

@@ -1,0 +1,142 @@
+package metrics
+
+import (
+	"strconv"
+
+	"github.com/kvpipe/kvpipe/actor"
+	"github.com/kvpipe/kvpipe/wire"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Snapshot is what one scrape reads.
+type Snapshot struct {
+	Workers []Worker
+	Shards  []Shard
+}
+
+// Worker is one worker's counters; the pointers stay valid for its lifetime.
+type Worker struct {
+	ID       string
+	Wire     *wire.Stats
+	Actor    *actor.Stats
+	Restarts uint64 // goroutine restarts after a panic
+}
+
+// Shard is one shard's state.
+type Shard struct {
+	QueueDepth int
+	Nodes      int64
+}
+
+type desc struct {
+	d   *prometheus.Desc
+	typ prometheus.ValueType
+}
+
+func newDesc(name, help string, typ prometheus.ValueType, labels ...string) desc {
+	return desc{prometheus.NewDesc("kvpipe_"+name, help, labels, nil), typ}
+}
+
+// Collector turns snapshots into metrics.
+type Collector struct {
+	snapshot                                           func() Snapshot
+	counters                                           []workerMetric
+	events, filtered, indexed, connected, queue, nodes desc
+}
+
+type workerMetric struct {
+	desc
+	value func(w *Worker) uint64
+}
+
+// NewCollector returns a collector reading snapshot at every scrape.
+func NewCollector(snapshot func() Snapshot) *Collector {
+	c := &Collector{snapshot: snapshot}
+	counter := func(name, help string, value func(w *Worker) uint64) {
+		c.counters = append(c.counters, workerMetric{newDesc(name, help, prometheus.CounterValue, "worker"), value})
+	}
+	counter("batches_received_total", "Batches delivered in seq order to the worker's actor, live or replayed.", func(w *Worker) uint64 { return w.Wire.Batches.Load() })
+	counter("malformed_messages_total", "Messages that were not [topic, 8-byte seq, payload]; skipped.", func(w *Worker) uint64 { return w.Wire.Malformed.Load() })
+	counter("duplicate_batches_total", "Batches with a seq already applied; dropped.", func(w *Worker) uint64 { return w.Wire.Duplicates.Load() })
+	counter("seq_gaps_total", "Jumps in seq: batches lost on the way.", func(w *Worker) uint64 { return w.Wire.Gaps.Load() })
+	counter("replays_total", "Replay requests sent to the engine's ROUTER.", func(w *Worker) uint64 { return w.Wire.Replays.Load() })
+	counter("replayed_batches_total", "Batches recovered through replay.", func(w *Worker) uint64 { return w.Wire.Replayed.Load() })
+	counter("replay_failures_total", "Replays that timed out or could not connect.", func(w *Worker) uint64 { return w.Wire.ReplayFailures.Load() })
+	counter("history_missing_total", "Replays that could no longer go back to the gap.", func(w *Worker) uint64 { return w.Wire.HistoryMissing.Load() })
+	counter("batches_lost_total", "Batches gone for good (no replay, or past the replay buffer).", func(w *Worker) uint64 { return w.Wire.Lost.Load() })
+	counter("live_overflow_total", "Live batches dropped while a replay held them back.", func(w *Worker) uint64 { return w.Wire.LiveOverflow.Load() })
+	counter("publisher_restarts_total", "Times the engine's seq went backwards.", func(w *Worker) uint64 { return w.Wire.Restarts.Load() })
+	counter("reconnects_total", "SUB sockets rebuilt after a failure or an idle spell.", func(w *Worker) uint64 { return w.Wire.Reconnects.Load() })
+	counter("decode_errors_total", "Payloads that did not decode; the batch is dropped.", func(w *Worker) uint64 { return w.Actor.DecodeErrors.Load() })
+	counter("resyncs_total", "Times the worker's index entries were cleared because history was unknown.", func(w *Worker) uint64 { return w.Actor.Resyncs.Load() })
+	counter("blocks_stored_total", "Router blocks sent to the index as stored.", func(w *Worker) uint64 { return w.Actor.BlocksStored.Load() })
+	counter("blocks_removed_total", "Router blocks sent to the index as removed.", func(w *Worker) uint64 { return w.Actor.BlocksRemoved.Load() })
+	counter("token_mismatch_total", "BlockStored events whose tokens did not cover their blocks.", func(w *Worker) uint64 { return w.Actor.TokenMismatch.Load() })
+	counter("unknown_parent_total", "BlockStored events whose parent was never published; indexed as roots.", func(w *Worker) uint64 { return w.Actor.UnknownParent.Load() })
+	counter("unknown_removes_total", "Removed blocks the worker was not known to hold.", func(w *Worker) uint64 { return w.Actor.UnknownRemove.Load() })
+	counter("block_size_warnings_total", "Blocks of another size than the router's, before any full block.", func(w *Worker) uint64 { return w.Actor.SizeWarnings.Load() })
+	counter("dropped_batches_total", "Batches dropped because the shard was behind (Drop backpressure).", func(w *Worker) uint64 { return w.Actor.DroppedBatches.Load() })
+	counter("worker_restarts_total", "Worker goroutines restarted after a panic.", func(w *Worker) uint64 { return w.Restarts })
+	c.events = newDesc("events_received_total", "Events received, by type.", prometheus.CounterValue, "worker", "type")
+	c.filtered = newDesc("filtered_events_total", "Events not indexed, by reason.", prometheus.CounterValue, "worker", "reason")
+	c.indexed = newDesc("indexed_blocks", "Blocks the worker holds in the index.", prometheus.GaugeValue, "worker")
+	c.connected = newDesc("connected", "1 while the worker's SUB socket is connected.", prometheus.GaugeValue, "worker")
+	c.queue = newDesc("shard_queue_depth", "Batches waiting at a shard.", prometheus.GaugeValue, "shard")
+	c.nodes = newDesc("index_nodes", "Live nodes in a shard's tree.", prometheus.GaugeValue, "shard")
+	return c
+}
+
+func (c *Collector) all() []desc {
+	out := []desc{c.events, c.filtered, c.indexed, c.connected, c.queue, c.nodes}
+	for _, m := range c.counters {
+		out = append(out, m.desc)
+	}
+	return out
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.all() {
+		ch <- d.d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	snap := c.snapshot()
+	emit := func(d desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d.d, d.typ, v, labels...)
+	}
+	for i := range snap.Workers {
+		w := &snap.Workers[i]
+		for _, m := range c.counters {
+			emit(m.desc, float64(m.value(w)), w.ID)
+		}
+		emit(c.events, float64(w.Actor.Stored.Load()), w.ID, "BlockStored")
+		emit(c.events, float64(w.Actor.Removed.Load()), w.ID, "BlockRemoved")
+		emit(c.events, float64(w.Actor.Cleared.Load()), w.ID, "AllBlocksCleared")
+		for r := range actor.NumReasons {
+			emit(c.filtered, float64(w.Actor.Filtered[r].Load()), w.ID, r.String())
+		}
+		emit(c.indexed, float64(w.Actor.IndexedBlocks.Load()), w.ID)
+		connected := 0.0
+		if w.Wire.Connected.Load() {
+			connected = 1
+		}
+		emit(c.connected, connected, w.ID)
+	}
+	for i, s := range snap.Shards {
+		id := strconv.Itoa(i)
+		emit(c.queue, float64(s.QueueDepth), id)
+		emit(c.nodes, float64(s.Nodes), id)
+	}
+}
+
+// NewFindMatchesHistogram is the latency of FindMatches, in seconds.
+func NewFindMatchesHistogram() prometheus.Histogram {
+	return prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "kvpipe_find_matches_duration_seconds",
+		Help:    "Time to answer FindMatches across every shard.",
+		Buckets: prometheus.ExponentialBuckets(1e-6, 4, 10), // 1us .. 262ms
+	})
+}

@@ -1,0 +1,394 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvpipe/kvpipe/actor"
+	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/metrics"
+	"github.com/kvpipe/kvpipe/wire"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+)
+
+// Config configures a Pipeline.
+type Config struct {
+	BlockSize    int                // the router's block size (required), e.g. 16
+	Shards       int                // index shards (default 2)
+	ShardQueue   int                // batches each shard queue holds (default 256)
+	Backpressure actor.Backpressure // when a shard is behind: Block (default) or Drop
+	Topic        string             // default ZMQ topic of every worker
+	// Wire is the template of every worker's subscriber settings (timeouts,
+	// backoff, replay buffer); Endpoint, ReplayEndpoint and Topic are set per worker.
+	Wire wire.Config
+	// RestartMin and RestartMax bound the jittered exponential backoff before
+	// a worker that panicked is restarted (defaults 100ms and 10s).
+	RestartMin, RestartMax time.Duration
+	Logger                 *slog.Logger
+	// Registry receives the pipeline's collectors; nil registers nothing.
+	Registry prometheus.Registerer
+}
+
+// Match is one worker's overlap with a request: its leading blocks cached.
+type Match struct {
+	Worker string
+	Blocks int
+}
+
+// ErrClosed is returned once the pipeline is closed.
+var ErrClosed = errors.New("kvpipe: pipeline closed")
+
+// Pipeline is the one type a router embeds: it runs one subscriber and actor
+// per worker, the index shards, and their supervision. Its loop goroutine owns
+// the worker table; every method talks to it over a channel.
+type Pipeline struct {
+	cfg     Config
+	shards  *index.Shards
+	latency prometheus.Histogram
+	cmds    chan func(*state)
+	// names maps index ids to worker names for FindMatches. The loop
+	// replaces the whole map on every change, so readers need no lock.
+	names atomic.Pointer[map[index.WorkerID]string]
+	// wrap, when set (by tests), wraps every worker's handler.
+	wrap     func(wire.Handler) wire.Handler
+	loopDone chan struct{}
+	closed   chan struct{}
+}
+
+// state is owned by the loop goroutine.
+type state struct {
+	p       *Pipeline
+	ctx     context.Context // workers' parent once running; nil before Run
+	cancel  context.CancelFunc
+	group   *errgroup.Group
+	workers map[string]*worker
+	byID    map[index.WorkerID]string
+	nextID  index.WorkerID
+	closing bool
+}
+
+type worker struct {
+	name     string
+	id       index.WorkerID
+	sub      *wire.Subscriber
+	actor    *actor.Actor
+	restarts atomic.Uint64 // by its supervising goroutine; read by scrapes
+	cancel   context.CancelFunc
+	done     chan struct{}
+}
+
+// New validates cfg and starts the index shards and the supervision loop.
+// Workers added before Run start when Run is called.
+func New(cfg Config) (*Pipeline, error) {
+	switch {
+	case cfg.BlockSize <= 0:
+		return nil, fmt.Errorf("kvpipe: BlockSize must be positive, got %d", cfg.BlockSize)
+	case cfg.Shards < 0:
+		return nil, fmt.Errorf("kvpipe: Shards must not be negative, got %d", cfg.Shards)
+	case cfg.ShardQueue < 0:
+		return nil, fmt.Errorf("kvpipe: ShardQueue must not be negative, got %d", cfg.ShardQueue)
+	case cfg.Backpressure != actor.Block && cfg.Backpressure != actor.Drop:
+		return nil, fmt.Errorf("kvpipe: unknown Backpressure %d", cfg.Backpressure)
+	}
+	if cfg.Shards == 0 {
+		cfg.Shards = 2
+	}
+	if cfg.ShardQueue == 0 {
+		cfg.ShardQueue = 256
+	}
+	if cfg.RestartMin <= 0 {
+		cfg.RestartMin = 100 * time.Millisecond
+	}
+	if cfg.RestartMax < cfg.RestartMin {
+		cfg.RestartMax = max(10*time.Second, cfg.RestartMin)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	p := &Pipeline{
+		cfg:      cfg,
+		shards:   index.NewShards(cfg.Shards, cfg.ShardQueue),
+		latency:  metrics.NewFindMatchesHistogram(),
+		cmds:     make(chan func(*state)),
+		loopDone: make(chan struct{}),
+		closed:   make(chan struct{}),
+	}
+	if cfg.Registry != nil {
+		for _, c := range []prometheus.Collector{metrics.NewCollector(p.snapshot), p.latency} {
+			if err := cfg.Registry.Register(c); err != nil {
+				p.shards.Close()
+				return nil, fmt.Errorf("kvpipe: registering metrics: %w", err)
+			}
+		}
+	}
+	st := &state{p: p, workers: make(map[string]*worker), byID: make(map[index.WorkerID]string)}
+	st.publishNames()
+	go st.loop()
+	return p, nil
+}
+
+// do runs f in the loop goroutine and waits for it.
+func (p *Pipeline) do(f func(*state)) error {
+	done := make(chan struct{})
+	select {
+	case p.cmds <- func(s *state) { f(s); close(done) }:
+		<-done
+		return nil
+	case <-p.loopDone:
+		return ErrClosed
+	}
+}
+
+// AddWorker subscribes to one engine: endpoint is its PUB, replayEndpoint
+// its ROUTER ("" when it has none).
+func (p *Pipeline) AddWorker(name, endpoint, replayEndpoint string) error {
+	if name == "" {
+		return errors.New("kvpipe: worker name must not be empty")
+	}
+	wcfg := p.cfg.Wire
+	wcfg.Endpoint, wcfg.ReplayEndpoint, wcfg.Topic = endpoint, replayEndpoint, p.cfg.Topic
+	wcfg.Logger = p.cfg.Logger.With("worker", name)
+	sub, err := wire.NewSubscriber(wcfg)
+	if err != nil {
+		return fmt.Errorf("kvpipe: worker %q: %w", name, err)
+	}
+	var result error
+	err = p.do(func(s *state) {
+		if s.closing {
+			result = ErrClosed
+			return
+		}
+		if _, dup := s.workers[name]; dup {
+			result = fmt.Errorf("kvpipe: worker %q already added", name)
+			return
+		}
+		id := s.nextID
+		s.nextID++
+		w := &worker{name: name, id: id, sub: sub}
+		w.actor = actor.New(actor.Config{Worker: id, Name: name, BlockSize: p.cfg.BlockSize,
+			Shard: p.shards.Queue(id), Backpressure: p.cfg.Backpressure, Logger: p.cfg.Logger})
+		s.workers[name] = w
+		s.byID[id] = name
+		s.publishNames()
+		if s.ctx != nil {
+			s.start(w)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	return result
+}
+
+// RemoveWorker stops a worker and frees its index entries.
+func (p *Pipeline) RemoveWorker(name string) error {
+	var result error
+	err := p.do(func(s *state) {
+		w, ok := s.workers[name]
+		if !ok {
+			result = fmt.Errorf("kvpipe: no worker %q", name)
+			return
+		}
+		s.stop(w)
+		// The actor has stopped, so nothing follows this in the shard's queue.
+		p.shards.Queue(w.id) <- &index.Batch{Worker: w.id, Ops: []index.Op{{Kind: index.OpRemoveWorker}}}
+		delete(s.workers, name)
+		delete(s.byID, w.id)
+		s.publishNames()
+	})
+	if err != nil {
+		return err
+	}
+	return result
+}
+
+// FindMatches hashes a request's tokens into router blocks and returns, for
+// every worker holding its first block, how many leading blocks it holds.
+func (p *Pipeline) FindMatches(ctx context.Context, tokens []uint32) ([]Match, error) {
+	var h index.Hasher
+	return p.FindMatchesKeys(ctx, h.Prompt(nil, tokens, p.cfg.BlockSize))
+}
+
+// FindMatchesKeys is FindMatches for keys already hashed with index.Hasher.
+func (p *Pipeline) FindMatchesKeys(ctx context.Context, keys []uint64) ([]Match, error) {
+	start := time.Now()
+	scores, err := p.shards.FindMatches(ctx, nil, keys)
+	if errors.Is(err, index.ErrClosed) {
+		return nil, ErrClosed
+	}
+	if err != nil {
+		return nil, err
+	}
+	p.latency.Observe(time.Since(start).Seconds())
+	if len(scores) == 0 {
+		return nil, nil
+	}
+	names := *p.names.Load()
+	matches := make([]Match, 0, len(scores))
+	for _, sc := range scores {
+		if name, ok := names[sc.Worker]; ok { // a worker removed meanwhile is left out
+			matches = append(matches, Match{Worker: name, Blocks: sc.Blocks})
+		}
+	}
+	return matches, nil
+}
+
+// Run starts the workers and supervises them until ctx is done or Close is
+// called; then it drains and stops everything (as Close does) and returns.
+func (p *Pipeline) Run(ctx context.Context) error {
+	var err error
+	if e := p.do(func(s *state) {
+		if s.ctx != nil || s.closing {
+			err = errors.New("kvpipe: Run called twice or after Close")
+			return
+		}
+		s.ctx, s.cancel = context.WithCancel(context.Background())
+		s.group = &errgroup.Group{}
+		for _, w := range s.workers {
+			s.start(w)
+		}
+	}); e != nil {
+		return e
+	}
+	if err != nil {
+		return err
+	}
+	select {
+	case <-ctx.Done():
+	case <-p.closed:
+	}
+	p.Close()
+	return nil
+}
+
+// Close stops every worker, lets the shards apply what is queued, and waits
+// for every goroutine. It is safe to call more than once.
+func (p *Pipeline) Close() error {
+	p.do(func(s *state) { s.closing = true })
+	<-p.loopDone
+	return nil
+}
+
+// snapshot is the metrics collector's view, taken in the loop goroutine.
+func (p *Pipeline) snapshot() metrics.Snapshot {
+	var snap metrics.Snapshot
+	p.do(func(s *state) {
+		for _, w := range s.workers {
+			snap.Workers = append(snap.Workers, metrics.Worker{ID: w.name, Wire: w.sub.Stats(), Actor: w.actor.Stats(),
+				Restarts: w.restarts.Load()})
+		}
+	})
+	for i := range p.shards.Len() {
+		snap.Shards = append(snap.Shards, metrics.Shard{QueueDepth: p.shards.QueueDepth(i), Nodes: p.shards.Nodes(i)})
+	}
+	return snap
+}
+
+// Stats is one worker's counters, for a router's own reporting.
+type Stats struct {
+	Wire     *wire.Stats
+	Actor    *actor.Stats
+	Restarts uint64
+}
+
+// WorkerStats returns every worker's counters by name.
+func (p *Pipeline) WorkerStats() map[string]Stats {
+	out := map[string]Stats{}
+	for _, w := range p.snapshot().Workers {
+		out[w.ID] = Stats{Wire: w.Wire, Actor: w.Actor, Restarts: w.Restarts}
+	}
+	return out
+}
+
+func (s *state) loop() {
+	defer close(s.p.loopDone)
+	for f := range s.p.cmds {
+		f(s)
+		if s.closing {
+			break
+		}
+	}
+	// Shutdown: workers first (they feed the shards), then the shards, which
+	// apply everything still queued before they stop.
+	if s.cancel != nil {
+		s.cancel()
+		s.group.Wait()
+	}
+	s.p.shards.Close()
+	close(s.p.closed)
+}
+
+func (s *state) publishNames() {
+	names := make(map[index.WorkerID]string, len(s.byID))
+	for id, n := range s.byID {
+		names[id] = n
+	}
+	s.p.names.Store(&names)
+}
+
+func (s *state) start(w *worker) {
+	ctx, cancel := context.WithCancel(s.ctx)
+	w.cancel, w.done = cancel, make(chan struct{})
+	s.group.Go(func() error {
+		defer close(w.done)
+		s.p.supervise(ctx, w)
+		return nil
+	})
+}
+
+func (s *state) stop(w *worker) {
+	if w.cancel != nil {
+		w.cancel()
+		<-w.done
+	}
+}
+
+// supervise runs a worker until ctx ends, restarting it with backoff when it
+// panics; a restarted worker is resynced, so its entries cannot be stale.
+func (p *Pipeline) supervise(ctx context.Context, w *worker) {
+	backoff := p.cfg.RestartMin
+	for {
+		start := time.Now()
+		panicked := p.runOnce(ctx, w)
+		if ctx.Err() != nil {
+			return
+		}
+		if !panicked { // Run returns only with ctx; anything else is a bug worth a restart too
+			p.cfg.Logger.Error("kvpipe: worker stopped unexpectedly", "worker", w.name)
+		}
+		w.restarts.Add(1)
+		if time.Since(start) > time.Minute {
+			backoff = p.cfg.RestartMin // it ran well for a while
+		}
+		t := time.NewTimer(backoff/2 + rand.N(backoff/2+1))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		backoff = min(2*backoff, p.cfg.RestartMax)
+		w.actor.Recover()
+	}
+}
+
+func (p *Pipeline) runOnce(ctx context.Context, w *worker) (panicked bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			panicked = true
+			p.cfg.Logger.Error("kvpipe: worker panicked; restarting it resynced", "worker", w.name, "panic", r)
+		}
+	}()
+	var h wire.Handler = w.actor
+	if p.wrap != nil {
+		h = p.wrap(h)
+	}
+	w.sub.Run(ctx, h)
+	return false
+}
