@@ -33,6 +33,10 @@ type Config struct {
 	Logger                 *slog.Logger
 	// Registry receives the pipeline's collectors; nil registers nothing.
 	Registry prometheus.Registerer
+	// Observe, when set, sees every batch in the worker's goroutine before its
+	// actor does (for tools such as kvpipe listen); payload is only valid
+	// during the call.
+	Observe func(worker string, seq uint64, payload []byte)
 }
 
 // Match is one worker's overlap with a request: its leading blocks cached.
@@ -386,9 +390,23 @@ func (p *Pipeline) runOnce(ctx context.Context, w *worker) (panicked bool) {
 		}
 	}()
 	var h wire.Handler = w.actor
+	if p.cfg.Observe != nil {
+		h = observed{h, w.name, p.cfg.Observe}
+	}
 	if p.wrap != nil {
 		h = p.wrap(h)
 	}
 	w.sub.Run(ctx, h)
 	return false
+}
+
+type observed struct {
+	wire.Handler
+	worker  string
+	observe func(string, uint64, []byte)
+}
+
+func (o observed) HandleBatch(seq uint64, payload []byte) {
+	o.observe(o.worker, seq, payload)
+	o.Handler.HandleBatch(seq, payload)
 }

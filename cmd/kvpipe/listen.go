@@ -8,15 +8,17 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
 
+	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/codec"
-	"github.com/kvpipe/kvpipe/wire"
+	"github.com/kvpipe/kvpipe/supervisor"
 )
 
-// endpoints collects repeated --endpoint/--replay values, each "URL" or "name=URL".
+// endpoints collects repeated flag values, each "URL" or "name=URL".
 type endpoints []string
 
 func (e *endpoints) String() string     { return strings.Join(*e, ",") }
@@ -34,13 +36,15 @@ func listenCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs.SetOutput(stderr)
 	var eps, replays endpoints
 	fs.Var(&eps, "endpoint", "an engine's PUB endpoint, URL or name=URL (repeat for several engines)")
-	fs.Var(&replays, "replay", "the matching engine's replay (ROUTER) endpoint, in --endpoint order or name=URL")
+	fs.Var(&eps, "workers", "same as --endpoint")
+	fs.Var(&replays, "replay", "an engine's replay (ROUTER) endpoint, in --endpoint order or name=URL")
 	topic := fs.String("topic", "", "ZMQ topic prefix to subscribe to")
 	blockSize := fs.Int("block-size", 16, "the router's block size")
+	shards := fs.Int("shards", 2, "index shards")
 	exitAfter := fs.Uint64("exit-after-batches", 0, "exit after this many batches (all engines together); 0: on SIGINT")
 	jsonOut := fs.Bool("json", false, "print the summary (and events) as JSON")
 	events := fs.Bool("events", false, "with --json, print every event as kvpipe decode does")
-	verbose := fs.Bool("v", false, "log wire warnings to stderr")
+	verbose := fs.Bool("v", false, "log warnings to stderr")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -48,147 +52,140 @@ func listenCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintln(stderr, "kvpipe listen: at least one --endpoint is required")
 		return 2
 	}
-	if *blockSize <= 0 {
-		fmt.Fprintln(stderr, "kvpipe listen: --block-size must be positive")
-		return 2
-	}
 	logger := slog.New(slog.DiscardHandler)
 	if *verbose {
-		logger = slog.New(slog.NewTextHandler(stderr, nil))
+		logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	obs := &observer{out: bufio.NewWriter(stdout), stderr: stderr, printEvents: *events && *jsonOut,
+		exitAfter: *exitAfter, stop: cancel, decoders: map[string]*codec.Decoder{}, seen: map[string]bool{}}
+	p, err := supervisor.New(supervisor.Config{BlockSize: *blockSize, Shards: *shards, Topic: *topic, Logger: logger, Observe: obs.batch})
+	if err != nil {
+		fmt.Fprintln(stderr, "kvpipe listen:", err)
+		return 2
 	}
 	replayOf := map[string]string{}
 	for i, r := range replays {
 		name, url := splitNamed(r, i)
 		replayOf[name] = url
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	out := &printer{w: bufio.NewWriter(stdout), printEvents: *events && *jsonOut}
-	total := &summary{}
-	var workers []*listener
 	for i, e := range eps {
 		name, url := splitNamed(e, i)
-		sub, err := wire.NewSubscriber(wire.Config{Endpoint: url, ReplayEndpoint: replayOf[name], Topic: *topic, Logger: logger.With("worker", name)})
-		if err != nil {
-			fmt.Fprintf(stderr, "kvpipe listen: worker %s: %v\n", name, err)
+		obs.decoders[name] = codec.NewDecoder()
+		if err := p.AddWorker(name, url, replayOf[name]); err != nil {
+			p.Close()
+			fmt.Fprintln(stderr, "kvpipe listen:", err)
 			return 2
 		}
-		workers = append(workers, &listener{name: name, sub: sub, decoder: codec.NewDecoder(), out: out, total: total,
-			exitAfter: *exitAfter, stop: cancel, stderr: stderr})
 	}
-	var wg sync.WaitGroup
-	for _, l := range workers {
-		wg.Go(func() { l.sub.Run(ctx, l) })
-	}
-	wg.Wait()
-	for _, l := range workers {
-		total.add(l.sub.Stats())
-	}
-	out.summary(total, *jsonOut)
+	stats := p.WorkerStats() // the counters outlive the pipeline
+	p.Run(ctx)
+	writeSummary(obs.out, summarise(stats), *jsonOut)
 	return 0
 }
 
-// listener is one engine's handler; it runs in that engine's Subscriber goroutine.
-type listener struct {
-	name      string
-	sub       *wire.Subscriber
-	decoder   *codec.Decoder
-	batch     codec.Batch
-	out       *printer
-	total     *summary
-	exitAfter uint64
-	stop      context.CancelFunc
-	stderr    io.Writer
-	announced bool
-}
-
-func (l *listener) HandleBatch(seq uint64, payload []byte) {
-	if !l.announced {
-		l.announced = true
-		fmt.Fprintf(l.stderr, "kvpipe listen: worker %s: first batch, seq %d\n", l.name, seq)
-	}
-	if err := l.decoder.Decode(payload, &l.batch); err != nil {
-		l.total.decodeErrors.Add(1)
-		fmt.Fprintf(l.stderr, "kvpipe listen: worker %s: seq %d: %v\n", l.name, seq, err)
-	} else {
-		l.total.events.Add(uint64(len(l.batch.Events)))
-		l.total.unknown.Add(uint64(l.batch.Skipped))
-		l.out.events(l.batch.Events)
-	}
-	if n := l.total.batches.Add(1); l.exitAfter > 0 && n >= l.exitAfter {
-		l.stop()
-	}
-}
-
-func (l *listener) HandleReset(why wire.ResetReason) {
-	fmt.Fprintf(l.stderr, "kvpipe listen: worker %s: history unknown (%v)\n", l.name, why)
-}
-
-// summary adds up every worker's counts.
-type summary struct {
-	batches, events, unknown, decodeErrors atomic.Uint64
-	gaps, replayed, lost, duplicates       uint64
-	malformed, restarts, reconnects        uint64
-}
-
-func (s *summary) add(st *wire.Stats) {
-	s.gaps += st.Gaps.Load()
-	s.replayed += st.Replayed.Load()
-	s.lost += st.Lost.Load()
-	s.duplicates += st.Duplicates.Load()
-	s.malformed += st.Malformed.Load()
-	s.restarts += st.Restarts.Load()
-	s.reconnects += st.Reconnects.Load()
-}
-
-// printer serialises output from every worker's goroutine.
-type printer struct {
-	mu          sync.Mutex
-	w           *bufio.Writer
+// observer sees every batch in its worker's goroutine; the decoders map is
+// only read there, each worker touching its own entry.
+type observer struct {
+	mu          sync.Mutex // serialises output from the workers' goroutines
+	out         *bufio.Writer
+	stderr      io.Writer
 	printEvents bool
+	exitAfter   uint64
+	batches     atomic.Uint64
+	stop        context.CancelFunc
+	decoders    map[string]*codec.Decoder
+	seen        map[string]bool
+	decoded     codec.Batch
 	line        []byte
 }
 
-func (p *printer) events(evs []codec.Event) {
-	if !p.printEvents {
-		return
+func (o *observer) batch(worker string, seq uint64, payload []byte) {
+	o.mu.Lock()
+	if !o.seen[worker] {
+		o.seen[worker] = true
+		fmt.Fprintf(o.stderr, "kvpipe listen: worker %s: first batch, seq %d\n", worker, seq)
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for i := range evs {
-		p.line = append(appendEventJSON(p.line[:0], &evs[i]), '\n')
-		p.w.Write(p.line)
+	if o.printEvents && o.decoders[worker].Decode(payload, &o.decoded) == nil {
+		for i := range o.decoded.Events {
+			o.line = append(appendEventJSON(o.line[:0], &o.decoded.Events[i]), '\n')
+			o.out.Write(o.line)
+		}
+		o.out.Flush()
 	}
-	p.w.Flush()
+	o.mu.Unlock()
+	if n := o.batches.Add(1); o.exitAfter > 0 && n >= o.exitAfter {
+		o.stop() // the actor still applies this batch before the worker stops
+	}
 }
 
-func (p *printer) summary(s *summary, asJSON bool) {
-	fields := []struct {
-		k string
-		v uint64
-	}{
-		{"batches", s.batches.Load()}, {"events", s.events.Load()}, {"gaps", s.gaps}, {"replayed", s.replayed},
-		{"lost", s.lost}, {"duplicates", s.duplicates}, {"malformed", s.malformed},
-		{"decode_errors", s.decodeErrors.Load()}, {"unknown_events", s.unknown.Load()},
-		{"restarts", s.restarts}, {"reconnects", s.reconnects},
+type summary struct {
+	counts   []field
+	filtered map[string]uint64
+}
+
+type field struct {
+	key   string
+	value uint64
+}
+
+func summarise(stats map[string]supervisor.Stats) summary {
+	var t struct {
+		batches, events, gaps, replayed, lost, duplicates, malformed uint64
+		decodeErrors, restarts, reconnects, resyncs, indexed         uint64
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	filtered := map[string]uint64{}
+	for _, s := range stats {
+		w, a := s.Wire, s.Actor
+		t.batches += w.Batches.Load()
+		t.gaps += w.Gaps.Load()
+		t.replayed += w.Replayed.Load()
+		t.lost += w.Lost.Load()
+		t.duplicates += w.Duplicates.Load()
+		t.malformed += w.Malformed.Load()
+		t.restarts += w.Restarts.Load()
+		t.reconnects += w.Reconnects.Load()
+		t.events += a.Stored.Load() + a.Removed.Load() + a.Cleared.Load() + a.Filtered[actor.UnknownEvent].Load()
+		t.decodeErrors += a.DecodeErrors.Load()
+		t.resyncs += a.Resyncs.Load()
+		t.indexed += uint64(max(a.IndexedBlocks.Load(), 0))
+		for r := range actor.NumReasons {
+			filtered[r.String()] += a.Filtered[r].Load()
+		}
+	}
+	return summary{counts: []field{
+		{"batches", t.batches}, {"events", t.events}, {"gaps", t.gaps}, {"replayed", t.replayed},
+		{"lost", t.lost}, {"duplicates", t.duplicates}, {"malformed", t.malformed},
+		{"decode_errors", t.decodeErrors}, {"restarts", t.restarts}, {"reconnects", t.reconnects},
+		{"resyncs", t.resyncs}, {"indexed_blocks", t.indexed},
+	}, filtered: filtered}
+}
+
+func writeSummary(w *bufio.Writer, s summary, asJSON bool) {
 	if asJSON {
-		m := make(map[string]uint64, len(fields))
-		for _, f := range fields {
-			m[f.k] = f.v
+		// Keys in the documented order, then the filter counts.
+		var b strings.Builder
+		b.WriteByte('{')
+		for _, f := range s.counts {
+			fmt.Fprintf(&b, "%q:%d,", f.key, f.value)
 		}
-		b, _ := json.Marshal(m)
-		p.w.Write(append(b, '\n'))
+		filtered, _ := json.Marshal(s.filtered)
+		fmt.Fprintf(&b, "%q:%s}\n", "filtered", filtered)
+		w.WriteString(b.String())
 	} else {
-		for i, f := range fields {
-			if i > 0 {
-				p.w.WriteByte(' ')
-			}
-			fmt.Fprintf(p.w, "%s=%d", f.k, f.v)
+		for _, f := range s.counts {
+			fmt.Fprintf(w, "%s=%d ", f.key, f.value)
 		}
-		p.w.WriteByte('\n')
+		reasons := make([]string, 0, len(s.filtered))
+		for r := range s.filtered {
+			reasons = append(reasons, r)
+		}
+		sort.Strings(reasons)
+		for _, r := range reasons {
+			fmt.Fprintf(w, "filtered.%s=%d ", r, s.filtered[r])
+		}
+		w.WriteByte('\n')
 	}
-	p.w.Flush()
+	w.Flush()
 }

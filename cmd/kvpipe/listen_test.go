@@ -10,7 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/internal/enginepeer"
+	"github.com/kvpipe/kvpipe/wire"
 )
 
 func freeTCP(t *testing.T) string {
@@ -67,12 +69,20 @@ func TestListenAgainstLibzmqEngine(t *testing.T) {
 	if !stdout.Scan() {
 		t.Fatal("no summary line")
 	}
-	var sum map[string]uint64
+	var sum struct {
+		Lost, Events, Replayed, Gaps, Batches uint64
+		DecodeErrors                          uint64 `json:"decode_errors"`
+		IndexedBlocks                         uint64 `json:"indexed_blocks"`
+		Filtered                              map[string]uint64
+	}
 	if err := json.Unmarshal(stdout.Bytes(), &sum); err != nil {
 		t.Fatalf("summary %q: %v", stdout.Text(), err)
 	}
-	if sum["lost"] != 0 || sum["events"] != 30 || sum["replayed"] < 4 || sum["gaps"] < 1 || sum["decode_errors"] != 0 {
-		t.Errorf("summary %v: want lost 0, events 30, replayed >= 4, gaps >= 1, no decode errors", sum)
+	if sum.Lost != 0 || sum.Events != 30 || sum.Replayed < 4 || sum.Gaps < 1 || sum.DecodeErrors != 0 || sum.IndexedBlocks != 30 {
+		t.Errorf("summary %s: want lost 0, events 30, replayed >= 4, gaps >= 1, no decode errors, 30 indexed blocks", stdout.Text())
+	}
+	if len(sum.Filtered) != 6 || sum.Filtered["partial_block"] != 0 {
+		t.Errorf("filtered counts %v: want every reason, all 0", sum.Filtered)
 	}
 	select {
 	case code := <-done:
@@ -90,6 +100,49 @@ func TestListenFlagErrors(t *testing.T) {
 		var errOut strings.Builder
 		if code := run(context.Background(), append([]string{"listen"}, args...), nil, io.Discard, &errOut); code != 2 || errOut.Len() == 0 {
 			t.Errorf("listen %v: exit %d, stderr %q; want 2 and a message", args, code, errOut.String())
+		}
+	}
+}
+
+// Several engines at once, until --exit-after-batches.
+func TestListenSeveralWorkersExitsAfterBatches(t *testing.T) {
+	var pubs []*wire.Publisher
+	args := []string{"listen", "--json", "--exit-after-batches", "50"}
+	for _, name := range []string{"a", "b"} {
+		ep := freeTCP(t)
+		pub, err := wire.NewPublisher(wire.PublisherConfig{Endpoint: ep})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pub.Close()
+		pubs = append(pubs, pub)
+		args = append(args, "--endpoint", name+"="+ep)
+	}
+	payload := codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{{Type: codec.BlockStored,
+		BlockHashes: []uint64{1}, TokenIDs: make([]uint32, 16), BlockSize: 16}}}, codec.CurrentVLLM)
+	var out strings.Builder
+	done := make(chan int, 1)
+	go func() { done <- run(context.Background(), args, nil, &out, io.Discard) }()
+	for {
+		select {
+		case code := <-done:
+			if code != 0 {
+				t.Fatalf("exit %d", code)
+			}
+			var sum map[string]json.RawMessage
+			if err := json.Unmarshal([]byte(out.String()), &sum); err != nil {
+				t.Fatalf("summary %q: %v", out.String(), err)
+			}
+			var batches uint64
+			json.Unmarshal(sum["batches"], &batches)
+			if batches < 50 {
+				t.Errorf("batches = %d, want at least 50", batches)
+			}
+			return
+		case <-time.After(5 * time.Millisecond):
+			for _, p := range pubs {
+				p.Publish(payload)
+			}
 		}
 	}
 }
