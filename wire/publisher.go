@@ -89,6 +89,10 @@ func (p *Publisher) Publish(payload []byte) uint64 { return p.publish(payload, t
 // PUB past its high-water mark does: subscribers see a gap replay can fill.
 func (p *Publisher) Drop(payload []byte) uint64 { return p.publish(payload, false) }
 
+// Published is how many seqs the publisher has handed out. Call it from the
+// goroutine that publishes, or after that goroutine stopped.
+func (p *Publisher) Published() uint64 { return p.nextSeq }
+
 // SkipSeq consumes a seq with nothing behind it, as a failed publish does: a
 // gap that replay cannot fill.
 func (p *Publisher) SkipSeq() { p.nextSeq++ }
