@@ -202,7 +202,7 @@ func waitConnected(ctx context.Context, p *supervisor.Pipeline, n int) error {
 func route(ctx context.Context, o options, reqs []sim.Request, p *supervisor.Pipeline, engines []*engine, stderr io.Writer, start time.Time) int {
 	var h index.Hasher
 	load := make([]float64, len(engines)) // blocks of recent work, decaying
-	const tau = 5000.0                     // trace milliseconds for load to decay by e
+	const tau = 5000.0                    // trace milliseconds for load to decay by e
 	var tokens []uint32
 	var keys []uint64
 	overlap := make([]int, len(engines))
