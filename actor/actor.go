@@ -266,7 +266,14 @@ func (a *Actor) mediumOK(medium string) (Reason, bool) {
 	return LowerTier, false
 }
 
+// maxOps caps the ops of one index batch: a shard answers FindMatches
+// between batches, so a huge event (a whole long prompt) must not hold it up.
+const maxOps = 256
+
 func (a *Actor) emit(kind index.OpKind, h uint64) {
+	if a.out != nil && len(a.out.Ops) >= maxOps {
+		a.flush()
+	}
 	if a.out == nil {
 		a.out = a.take()
 	}

@@ -35,7 +35,7 @@ func BenchmarkActorPath(b *testing.B) {
 	var evs []codec.Event
 	for i := range reqs {
 		r := &reqs[i]
-		w := int(r.HashIDs[0] % workers)
+		w := int(r.HashIDs[min(1, len(r.HashIDs)-1)] % workers) // sticky per conversation: every request starts with block 0
 		evs, _ = engines[w].Serve(evs[:0], r, sim.PromptTokens(nil, r))
 		for _, e := range evs {
 			blocks += len(e.BlockHashes)

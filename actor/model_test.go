@@ -43,6 +43,9 @@ func TestPipelineAgainstEngines(t *testing.T) {
 			if len(evs) > 0 {
 				actors[w].HandleBatch(uint64(i), codec.AppendBatch(nil, &codec.Batch{Events: evs}, codec.CurrentVLLM))
 			}
+			if err := shards.Sync(context.Background()); err != nil {
+				t.Fatal(err)
+			}
 			q := &reqs[rng.IntN(i+1)]
 			keys := h.Prompt(nil, sim.PromptTokens(nil, q), blockSize)
 			got, err := shards.FindMatches(context.Background(), nil, keys)

@@ -11,7 +11,7 @@ import (
 const benchWorkers = 8
 
 // mooncake replays the Mooncake trace through benchWorkers simulated engines
-// (16-token blocks, so 32 per trace block; sticky routing by first block) and
+// (16-token blocks, so 32 per trace block; sticky routing by conversation) and
 // returns every engine step as an index batch, and each request's prompt keys.
 func mooncake(b *testing.B, limit int) (steps []Batch, prompts [][]uint64) {
 	path, ok := sim.FindTrace()
@@ -35,7 +35,7 @@ func mooncake(b *testing.B, limit int) (steps []Batch, prompts [][]uint64) {
 		tokens := sim.PromptTokens(nil, r)
 		keys := h.Prompt(nil, tokens, 16)
 		prompts = append(prompts, keys)
-		w := int(r.HashIDs[0] % benchWorkers)
+		w := int(r.HashIDs[min(1, len(r.HashIDs)-1)] % benchWorkers) // sticky per conversation: every request starts with block 0
 		var hit int
 		evs, hit = engines[w].Serve(evs[:0], r, tokens)
 		step := Batch{Worker: WorkerID(w)}

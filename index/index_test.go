@@ -144,6 +144,9 @@ func TestShardsAgainstModel(t *testing.T) {
 				}
 			}
 			shards.Queue(w) <- b
+			if err := shards.Sync(context.Background()); err != nil {
+				t.Fatal(err)
+			}
 			query := make([]uint64, 1+rng.IntN(6))
 			for i := range query {
 				query[i] = rng.Uint64N(40)

@@ -29,7 +29,8 @@ type Op struct {
 type Batch struct {
 	Worker WorkerID
 	Ops    []Op
-	Return chan<- *Batch // nil: the shard drops the batch after applying it
+	Return chan<- *Batch   // nil: the shard drops the batch after applying it
+	synced chan<- struct{} // a Sync marker, not ops
 }
 
 // ErrClosed is returned by a Shards that has been closed.
@@ -90,14 +91,14 @@ func (s *Shards) UnknownRemoves() (n int64) {
 }
 
 // FindMatches asks every shard for the workers holding a prefix of hashes
-// and appends their scores to dst. Every shard answers after the batches
-// queued before the question.
+// and appends their scores to dst. Shards answer ahead of their queued
+// batches, so the answer reflects what each had applied when asked (use
+// Sync first to see everything sent before).
 func (s *Shards) FindMatches(ctx context.Context, dst []Score, hashes []uint64) ([]Score, error) {
 	done := make(chan *query, len(s.shards))
 	for _, sh := range s.shards {
-		q := &query{hashes: hashes, done: done}
 		select {
-		case sh.queries <- q:
+		case sh.queries <- &query{hashes: hashes, done: done}:
 		case <-s.closed:
 			return dst, ErrClosed
 		case <-ctx.Done():
@@ -115,6 +116,27 @@ func (s *Shards) FindMatches(ctx context.Context, dst []Score, hashes []uint64) 
 	return dst, nil
 }
 
+// Sync returns once every shard has applied every batch queued before the
+// call. Like a sender's, its calls must end before Close.
+func (s *Shards) Sync(ctx context.Context) error {
+	done := make(chan struct{}, len(s.shards))
+	for _, sh := range s.shards {
+		select {
+		case sh.in <- &Batch{synced: done}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	for range s.shards {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
 // Close stops the shards after they applied everything queued, and waits.
 // Every sender must have stopped first.
 func (s *Shards) Close() {
@@ -129,6 +151,14 @@ func (s *Shards) Close() {
 
 func (sh *shard) run() {
 	for {
+		// Questions first: a router waits on them, while batches only wait
+		// their turn. An answer reflects the batches applied so far.
+		select {
+		case q := <-sh.queries:
+			sh.answer(q)
+			continue
+		default:
+		}
 		select {
 		case b, ok := <-sh.in:
 			if !ok {
@@ -136,27 +166,21 @@ func (sh *shard) run() {
 			}
 			sh.apply(b)
 		case q := <-sh.queries:
-			// Apply what was queued before answering, so an answer reflects
-			// every batch sent before the question.
-			for drained := false; !drained; {
-				select {
-				case b, ok := <-sh.in:
-					if !ok {
-						drained = true
-						break
-					}
-					sh.apply(b)
-				default:
-					drained = true
-				}
-			}
-			q.scores = sh.tree.FindMatches(nil, q.hashes)
-			q.done <- q
+			sh.answer(q)
 		}
 	}
 }
 
+func (sh *shard) answer(q *query) {
+	q.scores = sh.tree.FindMatches(nil, q.hashes)
+	q.done <- q
+}
+
 func (sh *shard) apply(b *Batch) {
+	if b.synced != nil {
+		b.synced <- struct{}{}
+		return
+	}
 	t := sh.tree
 	for _, op := range b.Ops {
 		switch op.Kind {

@@ -17,8 +17,10 @@ type Tree struct {
 
 type node struct{ workers []WorkerID }
 
-// maxFree bounds the free list, so a tree that shrank gives memory back.
-const maxFree = 1 << 16
+// maxFree bounds the free list (about 50 MB of nodes), so a tree that shrank
+// far gives memory back, while an engine clearing and refilling its cache does
+// not make the tree allocate again.
+const maxFree = 1 << 20
 
 // NewTree returns an empty tree.
 func NewTree() *Tree {

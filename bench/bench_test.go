@@ -1,0 +1,271 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvpipe/kvpipe/actor"
+	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/sim"
+	"github.com/kvpipe/kvpipe/supervisor"
+	"github.com/kvpipe/kvpipe/wire"
+)
+
+const (
+	workers   = 8
+	blockSize = 16
+	// traceRequests is the part of the trace replayed: about a quarter, so one
+	// pass (about 2M blocks, 170 MB of frames) fits the benchmark's time.
+	traceRequests = 3000
+)
+
+// workload is the trace as each worker's engine publishes it, pre-encoded,
+// and the prompts a router asks about meanwhile.
+type workload struct {
+	frames         [workers][][]byte
+	clear          []byte // AllBlocksCleared: ends a pass, so each starts empty
+	prompts        [][]uint64
+	events, blocks int
+	bytes          int
+}
+
+var (
+	loadOnce sync.Once
+	loaded   *workload
+)
+
+func load(b *testing.B) *workload {
+	path, ok := sim.FindTrace()
+	if !ok {
+		b.Skip("skipped: needs ../shared/traces/mooncake_conversation_trace.jsonl")
+	}
+	loadOnce.Do(func() {
+		reqs, err := sim.LoadTrace(path, traceRequests)
+		if err != nil {
+			b.Fatal(err)
+		}
+		w := &workload{clear: codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{{Type: codec.AllBlocksCleared}}}, codec.CurrentVLLM)}
+		var engines [workers]*sim.Engine
+		for i := range engines {
+			engines[i] = sim.NewEngine(blockSize, 100_000)
+		}
+		var h index.Hasher
+		var evs []codec.Event
+		for i := range reqs {
+			r := &reqs[i]
+			tokens := sim.PromptTokens(nil, r)
+			w.prompts = append(w.prompts, h.Prompt(nil, tokens, blockSize))
+			wk := int(r.HashIDs[min(1, len(r.HashIDs)-1)] % workers) // sticky per conversation: every request starts with block 0
+			evs, _ = engines[wk].Serve(evs[:0], r, tokens)
+			for _, e := range evs {
+				w.blocks += len(e.BlockHashes)
+			}
+			w.events += len(evs)
+			f := codec.AppendBatch(nil, &codec.Batch{TS: float64(r.TimestampMs) / 1000, Events: evs}, codec.CurrentVLLM)
+			w.bytes += len(f)
+			w.frames[wk] = append(w.frames[wk], f)
+		}
+		loaded = w
+	})
+	return loaded
+}
+
+// querier asks FindMatches in a loop until stop, recording each latency.
+func querier(find func([]uint64) error, prompts [][]uint64, stop <-chan struct{}, lat *[]time.Duration, done *sync.WaitGroup) {
+	defer done.Done()
+	for i := 0; ; i++ {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		start := time.Now()
+		if err := find(prompts[i%len(prompts)]); err != nil {
+			return
+		}
+		*lat = append(*lat, time.Since(start))
+	}
+}
+
+// report adds the per-event figures; mallocs is the count of one pass without queries.
+func report(b *testing.B, w *workload, mallocs uint64, lat []time.Duration) {
+	sec := b.Elapsed().Seconds()
+	b.ReportMetric(float64(w.events*b.N)/sec, "events/s")
+	b.ReportMetric(float64(w.blocks*b.N)/sec, "blocks/s")
+	b.ReportMetric(float64(mallocs)/float64(w.events), "allocs/event")
+	if len(lat) > 0 {
+		slices.Sort(lat)
+		b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds()), "find-p50-ns")
+		b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds()), "find-p99-ns")
+	}
+}
+
+func mallocs() uint64 {
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.Mallocs
+}
+
+// BenchmarkInProcess: frames -> codec -> actor -> shards, one goroutine per
+// worker as in production, with FindMatches asked all along.
+func BenchmarkInProcess(b *testing.B) {
+	w := load(b)
+	for _, n := range []int{1, 2, 4} {
+		b.Run(fmt.Sprintf("shards=%d", n), func(b *testing.B) {
+			shards := index.NewShards(n, 256)
+			defer shards.Close()
+			var actors [workers]*actor.Actor
+			for i := range actors {
+				actors[i] = actor.New(actor.Config{Worker: index.WorkerID(i), BlockSize: blockSize, Shard: shards.Queue(index.WorkerID(i))})
+			}
+			pass := func() {
+				var wg sync.WaitGroup
+				for i := range actors {
+					wg.Go(func() {
+						for _, f := range w.frames[i] {
+							actors[i].HandleBatch(0, f)
+						}
+						actors[i].HandleBatch(0, w.clear)
+					})
+				}
+				wg.Wait()
+			}
+			pass() // warm
+			before := mallocs()
+			pass() // counted alone: the querier's allocations are not the pipeline's
+			perPass := mallocs() - before
+			var lat []time.Duration
+			stop := make(chan struct{})
+			var qwg sync.WaitGroup
+			qwg.Add(1)
+			ctx := context.Background()
+			var dst []index.Score
+			go querier(func(keys []uint64) (err error) {
+				dst, err = shards.FindMatches(ctx, dst[:0], keys)
+				return err
+			}, w.prompts, stop, &lat, &qwg)
+			b.SetBytes(int64(w.bytes))
+			b.ResetTimer()
+			for b.Loop() {
+				pass()
+			}
+			b.StopTimer()
+			close(stop)
+			qwg.Wait()
+			report(b, w, perPass, lat)
+		})
+	}
+}
+
+// BenchmarkLoopback: the same frames published by 8 wire.Publishers over
+// loopback TCP into a supervisor.Pipeline; an iteration ends when the
+// pipeline has applied every batch. allocs/event counts both ends.
+func BenchmarkLoopback(b *testing.B) {
+	w := load(b)
+	for _, n := range []int{1, 2, 4} {
+		b.Run(fmt.Sprintf("shards=%d", n), func(b *testing.B) {
+			p, err := supervisor.New(supervisor.Config{BlockSize: blockSize, Shards: n, ShardQueue: 256})
+			if err != nil {
+				b.Fatal(err)
+			}
+			runDone := make(chan error, 1)
+			go func() { runDone <- p.Run(context.Background()) }()
+			defer func() { p.Close(); <-runDone }()
+			var pubs [workers]*wire.Publisher
+			for i := range pubs {
+				pub, err := wire.NewPublisher(wire.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", BufferSteps: 1})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer pub.Close()
+				pubs[i] = pub
+				if err := p.AddWorker(fmt.Sprint("w", i), "tcp://"+pub.Addr(), ""); err != nil {
+					b.Fatal(err)
+				}
+			}
+			stats := p.WorkerStats()
+			applied := func() (n uint64) { // or known lost: a pass must end either way
+				for _, s := range stats {
+					n += s.Actor.Batches.Load() + s.Wire.Lost.Load()
+				}
+				return n
+			}
+			// Warm up and make sure every subscription is in place.
+			for deadline := time.Now().Add(10 * time.Second); ; {
+				for _, pub := range pubs {
+					pub.Publish(w.clear)
+				}
+				ready := 0
+				for _, s := range stats {
+					if s.Actor.Batches.Load() > 0 {
+						ready++
+					}
+				}
+				if ready == workers {
+					break
+				}
+				if time.Now().After(deadline) {
+					b.Fatal("subscribers not ready")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			time.Sleep(50 * time.Millisecond) // the probes still on the way arrive
+			// Probes sent before a subscription was in place never arrive, so
+			// count from what has arrived, not from what was published.
+			var published atomic.Uint64
+			published.Store(applied())
+			pass := func() {
+				var wg sync.WaitGroup
+				for i, pub := range pubs {
+					wg.Go(func() {
+						for _, f := range w.frames[i] {
+							pub.Publish(f)
+						}
+						pub.Publish(w.clear)
+						published.Add(uint64(len(w.frames[i]) + 1))
+					})
+				}
+				wg.Wait()
+				for applied() < published.Load() {
+					time.Sleep(time.Millisecond)
+				}
+			}
+			pass() // warm
+			before := mallocs()
+			pass() // counted alone, as in BenchmarkInProcess
+			perPass := mallocs() - before
+			var lat []time.Duration
+			stop := make(chan struct{})
+			var qwg sync.WaitGroup
+			qwg.Add(1)
+			ctx := context.Background()
+			go querier(func(keys []uint64) error {
+				_, err := p.FindMatchesKeys(ctx, keys)
+				return err
+			}, w.prompts, stop, &lat, &qwg)
+			b.SetBytes(int64(w.bytes))
+			b.ResetTimer()
+			for b.Loop() {
+				pass()
+			}
+			b.StopTimer()
+			close(stop)
+			qwg.Wait()
+			report(b, w, perPass, lat)
+			var lost uint64
+			for _, s := range stats {
+				lost += s.Wire.Lost.Load()
+			}
+			if lost != 0 {
+				b.Errorf("%d batches lost over loopback", lost)
+			}
+		})
+	}
+}
