@@ -135,7 +135,9 @@ func run(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	}
 	engines := make([]*engine, o.workers)
 	for i := range engines {
-		pub, err := wire.NewPublisher(wire.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+		// A simulated step carries a whole prompt (about 100 KB), so keep fewer
+		// of them for replay than vLLM's 10,000.
+		pub, err := wire.NewPublisher(wire.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: 1000})
 		if err != nil {
 			return err
 		}
