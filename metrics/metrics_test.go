@@ -1,0 +1,82 @@
+package metrics
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/kvpipe/kvpipe/actor"
+	"github.com/kvpipe/kvpipe/wire"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func TestCollectorReadsTheCountersAtScrape(t *testing.T) {
+	ws, as := &wire.Stats{}, &actor.Stats{}
+	snap := Snapshot{Workers: []Worker{{ID: "w0", Wire: ws, Actor: as, Restarts: 2}}, Shards: []Shard{{QueueDepth: 3, Nodes: 40}}}
+	c := NewCollector(func() Snapshot { return snap })
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+
+	ws.Gaps.Add(4)
+	ws.Lost.Add(1)
+	ws.Connected.Store(true)
+	as.Filtered[actor.PartialBlock].Add(7)
+	as.IndexedBlocks.Store(12)
+	want := `
+# HELP kvpipe_seq_gaps_total Jumps in seq: batches lost on the way.
+# TYPE kvpipe_seq_gaps_total counter
+kvpipe_seq_gaps_total{worker="w0"} 4
+# HELP kvpipe_batches_lost_total Batches gone for good (no replay, or past the replay buffer).
+# TYPE kvpipe_batches_lost_total counter
+kvpipe_batches_lost_total{worker="w0"} 1
+# HELP kvpipe_worker_restarts_total Worker goroutines restarted after a panic.
+# TYPE kvpipe_worker_restarts_total counter
+kvpipe_worker_restarts_total{worker="w0"} 2
+# HELP kvpipe_indexed_blocks Blocks the worker holds in the index.
+# TYPE kvpipe_indexed_blocks gauge
+kvpipe_indexed_blocks{worker="w0"} 12
+# HELP kvpipe_connected 1 while the worker's SUB socket is connected.
+# TYPE kvpipe_connected gauge
+kvpipe_connected{worker="w0"} 1
+# HELP kvpipe_index_nodes Live nodes in a shard's tree.
+# TYPE kvpipe_index_nodes gauge
+kvpipe_index_nodes{shard="0"} 40
+# HELP kvpipe_shard_queue_depth Batches waiting at a shard.
+# TYPE kvpipe_shard_queue_depth gauge
+kvpipe_shard_queue_depth{shard="0"} 3
+`
+	names := []string{"kvpipe_seq_gaps_total", "kvpipe_batches_lost_total", "kvpipe_worker_restarts_total",
+		"kvpipe_indexed_blocks", "kvpipe_connected", "kvpipe_index_nodes", "kvpipe_shard_queue_depth"}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
+		t.Error(err)
+	}
+	if got := filtered(t, reg, "partial_block"); got != 7 {
+		t.Errorf("filtered partial_block = %v, want 7", got)
+	}
+	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) != 0 {
+		t.Errorf("lint: %v %v", err, problems)
+	}
+}
+
+// filtered returns the value of filtered_events_total for reason.
+func filtered(t *testing.T, reg *prometheus.Registry, reason string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "kvpipe_filtered_events_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "reason" && l.GetValue() == reason {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no filtered_events_total{reason=%q}", reason)
+	return 0
+}
