@@ -2,7 +2,13 @@ package index
 
 import (
 	"context"
+	"encoding/binary"
+	"hash/fnv"
+	"hash/maphash"
 	"testing"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/zeebo/xxh3"
 
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/internal/sim"
@@ -159,5 +165,57 @@ func BenchmarkShardsFindMatches(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "requests/s")
 		})
+	}
+}
+
+// BenchmarkTokenHash is why zeebo/xxh3: dynamo's router hashes blocks with
+// xxh3-64, so only an xxh3 gives keys a Rust or Python router agrees with;
+// the other hashes are here for the cost of that choice, on one 16-token block.
+func BenchmarkTokenHash(b *testing.B) {
+	tokens := make([]uint32, 16)
+	for i := range tokens {
+		tokens[i] = uint32(i * 7919)
+	}
+	buf := make([]byte, 0, 64)
+	for _, tokens := range tokens {
+		buf = binary.LittleEndian.AppendUint32(buf, tokens)
+	}
+	var sink uint64
+	b.Run("zeebo-xxh3-with-encoding", func(b *testing.B) {
+		var h Hasher
+		b.SetBytes(64)
+		for b.Loop() {
+			sink += h.TokenHash(tokens)
+		}
+	})
+	b.Run("zeebo-xxh3", func(b *testing.B) {
+		b.SetBytes(64)
+		for b.Loop() {
+			sink += xxh3.HashSeed(buf, Seed)
+		}
+	})
+	b.Run("cespare-xxhash64", func(b *testing.B) {
+		b.SetBytes(64)
+		for b.Loop() {
+			sink += xxhash.Sum64(buf)
+		}
+	})
+	b.Run("stdlib-maphash", func(b *testing.B) {
+		seed := maphash.MakeSeed()
+		b.SetBytes(64)
+		for b.Loop() {
+			sink += maphash.Bytes(seed, buf)
+		}
+	})
+	b.Run("stdlib-fnv64a", func(b *testing.B) {
+		b.SetBytes(64)
+		for b.Loop() {
+			h := fnv.New64a()
+			h.Write(buf)
+			sink += h.Sum64()
+		}
+	})
+	if sink == 42 {
+		b.Log(sink)
 	}
 }
