@@ -77,29 +77,45 @@ func load(b *testing.B) *workload {
 	return loaded
 }
 
-// querier asks FindMatches in a loop until stop, recording each latency.
-func querier(find func([]uint64) error, prompts [][]uint64, stop <-chan struct{}, lat *[]time.Duration, done *sync.WaitGroup) {
-	defer done.Done()
-	for i := 0; ; i++ {
-		select {
-		case <-stop:
-			return
-		default:
-		}
-		start := time.Now()
-		if err := find(prompts[i%len(prompts)]); err != nil {
-			return
-		}
-		*lat = append(*lat, time.Since(start))
-	}
-}
+// measure runs pass once to warm up and once alone to count its
+// allocations, then b.N times while a goroutine asks find in a loop, and
+// reports throughput, allocations per event and find's latency percentiles.
+func measure(b *testing.B, w *workload, pass func(), find func([]uint64) error) {
+	pass()
+	before := mallocs()
+	pass() // the querier's allocations are not the pipeline's
+	perPass := mallocs() - before
 
-// report adds the per-event figures; mallocs is the count of one pass without queries.
-func report(b *testing.B, w *workload, mallocs uint64, lat []time.Duration) {
+	var lat []time.Duration
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			start := time.Now()
+			if find(w.prompts[i%len(w.prompts)]) != nil {
+				return
+			}
+			lat = append(lat, time.Since(start))
+		}
+	}()
+	b.SetBytes(int64(w.bytes))
+	b.ResetTimer()
+	for b.Loop() {
+		pass()
+	}
+	b.StopTimer()
+	close(stop)
+	<-done
+
 	sec := b.Elapsed().Seconds()
 	b.ReportMetric(float64(w.events*b.N)/sec, "events/s")
 	b.ReportMetric(float64(w.blocks*b.N)/sec, "blocks/s")
-	b.ReportMetric(float64(mallocs)/float64(w.events), "allocs/event")
+	b.ReportMetric(float64(perPass)/float64(w.events), "allocs/event")
 	if len(lat) > 0 {
 		slices.Sort(lat)
 		b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds()), "find-p50-ns")
@@ -137,29 +153,12 @@ func BenchmarkInProcess(b *testing.B) {
 				}
 				wg.Wait()
 			}
-			pass() // warm
-			before := mallocs()
-			pass() // counted alone: the querier's allocations are not the pipeline's
-			perPass := mallocs() - before
-			var lat []time.Duration
-			stop := make(chan struct{})
-			var qwg sync.WaitGroup
-			qwg.Add(1)
 			ctx := context.Background()
 			var dst []index.Score
-			go querier(func(keys []uint64) (err error) {
+			measure(b, w, pass, func(keys []uint64) (err error) {
 				dst, err = shards.FindMatches(ctx, dst[:0], keys)
 				return err
-			}, w.prompts, stop, &lat, &qwg)
-			b.SetBytes(int64(w.bytes))
-			b.ResetTimer()
-			for b.Loop() {
-				pass()
-			}
-			b.StopTimer()
-			close(stop)
-			qwg.Wait()
-			report(b, w, perPass, lat)
+			})
 		})
 	}
 }
@@ -237,28 +236,11 @@ func BenchmarkLoopback(b *testing.B) {
 					time.Sleep(time.Millisecond)
 				}
 			}
-			pass() // warm
-			before := mallocs()
-			pass() // counted alone, as in BenchmarkInProcess
-			perPass := mallocs() - before
-			var lat []time.Duration
-			stop := make(chan struct{})
-			var qwg sync.WaitGroup
-			qwg.Add(1)
 			ctx := context.Background()
-			go querier(func(keys []uint64) error {
+			measure(b, w, pass, func(keys []uint64) error {
 				_, err := p.FindMatchesKeys(ctx, keys)
 				return err
-			}, w.prompts, stop, &lat, &qwg)
-			b.SetBytes(int64(w.bytes))
-			b.ResetTimer()
-			for b.Loop() {
-				pass()
-			}
-			b.StopTimer()
-			close(stop)
-			qwg.Wait()
-			report(b, w, perPass, lat)
+			})
 			var lost uint64
 			for _, s := range stats {
 				lost += s.Wire.Lost.Load()

@@ -4,7 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log"
-	"net"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/kvpipe/kvpipe/codec"
@@ -16,8 +17,8 @@ import (
 // A router embeds one Pipeline, adds a worker per engine, and asks
 // FindMatches for each request's prompt.
 func Example() {
-	pub, sub, replay := exampleEngine() // plays vLLM: PUB on sub, ROUTER on replay
-	defer pub.Close()
+	pub, sub, replay, stop := exampleEngine() // plays vLLM: PUB on sub, ROUTER on replay
+	defer stop()
 
 	p, err := supervisor.New(supervisor.Config{BlockSize: 16, Registry: prometheus.NewRegistry()})
 	if err != nil {
@@ -51,18 +52,17 @@ func Example() {
 	// Output: engine-0 holds 2 leading blocks
 }
 
-func exampleEngine() (pub *wire.Publisher, sub, replay string) {
-	free := func() string {
-		l, _ := net.Listen("tcp", "127.0.0.1:0")
-		defer l.Close()
-		return "tcp://" + l.Addr().String()
-	}
-	sub, replay = free(), free()
-	pub, err := wire.NewPublisher(wire.PublisherConfig{Endpoint: sub, ReplayEndpoint: replay})
+func exampleEngine() (pub *wire.Publisher, sub, replay string, stop func()) {
+	dir, err := os.MkdirTemp("", "kvpipe-example") // ipc:// sockets need no free port
 	if err != nil {
 		log.Fatal(err)
 	}
-	return pub, sub, replay
+	sub, replay = "ipc://"+filepath.Join(dir, "pub"), "ipc://"+filepath.Join(dir, "replay")
+	pub, err = wire.NewPublisher(wire.PublisherConfig{Endpoint: sub, ReplayEndpoint: replay})
+	if err != nil {
+		log.Fatal(err)
+	}
+	return pub, sub, replay, func() { pub.Close(); os.RemoveAll(dir) }
 }
 
 func storedEvent(tokens []uint32) []byte {

@@ -2,7 +2,6 @@ package supervisor
 
 import (
 	"context"
-	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -10,27 +9,16 @@ import (
 
 	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/internal/ztest"
 	"github.com/kvpipe/kvpipe/wire"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
-	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) {
-	// zmq4 v0.17.0 never stops a PUB socket's writer goroutine (see wire's tests).
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
-}
+func TestMain(m *testing.M) { ztest.VerifyNoLeaks(m) }
 
-func freeTCP(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return "tcp://" + l.Addr().String()
-}
+var freeTCP = ztest.FreeTCP
 
 // engine is a simulated engine: a real PUB and ROUTER on loopback.
 type engine struct {

@@ -4,21 +4,15 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
+	"github.com/kvpipe/kvpipe/internal/ztest"
 )
 
-// zmq4 v0.17.0 never stops a PUB socket's writer goroutine (pubMWriter.run
-// waits on a condition that Close does not signal): a leak of the library's
-// publisher side, not of the subscriber path a router embeds.
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
-}
+func TestMain(m *testing.M) { ztest.VerifyNoLeaks(m) }
 
 // record is one call to the handler.
 type record struct {
@@ -59,15 +53,7 @@ func (r *recorder) quiet(d time.Duration) (record, bool) {
 	}
 }
 
-func freeTCP(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return "tcp://" + l.Addr().String()
-}
+var freeTCP = ztest.FreeTCP
 
 func tempIPC(t *testing.T, name string) string {
 	dir, err := os.MkdirTemp("", "kvpipe")
