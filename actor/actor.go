@@ -320,9 +320,10 @@ func (a *Actor) flush() {
 	case a.cfg.Shard <- b:
 	default:
 		a.stats.DroppedBatches.Add(1)
-		a.resync = true
+		a.resync = true // the next batch that gets through clears the worker first
 		clear(a.routerOf)
 		a.fullSeen = false
+		a.stats.IndexedBlocks.Store(0)
 		if b.Return != nil {
 			b.Ops = b.Ops[:0]
 			a.free <- b

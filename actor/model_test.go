@@ -85,6 +85,9 @@ func TestDropBackpressure(t *testing.T) {
 	if got := a.Stats().DroppedBatches.Load(); got != 2 {
 		t.Fatalf("dropped batches = %d, want 2", got)
 	}
+	if got := a.Stats().IndexedBlocks.Load(); got != 0 {
+		t.Errorf("indexed blocks = %d after the drops, want 0", got)
+	}
 	ch2 := make(chan *index.Batch, 1)
 	a.cfg.Shard = ch2
 	a.HandleBatch(2, payload)
