@@ -61,6 +61,7 @@ func NewCollector(snapshot func() Snapshot) *Collector {
 	counter("seq_gaps_total", "Jumps in seq: batches lost on the way.", func(w *Worker) uint64 { return w.Wire.Gaps.Load() })
 	counter("replays_total", "Replay requests sent to the engine's ROUTER.", func(w *Worker) uint64 { return w.Wire.Replays.Load() })
 	counter("replayed_batches_total", "Batches recovered through replay.", func(w *Worker) uint64 { return w.Wire.Replayed.Load() })
+	counter("tail_checks_total", "Replays asked after a quiet spell, to find batches dropped at the end of a burst.", func(w *Worker) uint64 { return w.Wire.TailChecks.Load() })
 	counter("replay_failures_total", "Replays that timed out or could not connect.", func(w *Worker) uint64 { return w.Wire.ReplayFailures.Load() })
 	counter("history_missing_total", "Replays that could no longer go back to the gap.", func(w *Worker) uint64 { return w.Wire.HistoryMissing.Load() })
 	counter("batches_lost_total", "Batches gone for good (no replay, or past the replay buffer).", func(w *Worker) uint64 { return w.Wire.Lost.Load() })

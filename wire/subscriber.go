@@ -28,6 +28,11 @@ type Config struct {
 	ReconnectMin, ReconnectMax time.Duration
 	// ReplayTimeout bounds the wait for each replay reply (default 2s).
 	ReplayTimeout time.Duration
+	// TailCheck asks the replay endpoint for anything after the last batch
+	// once the stream has been quiet this long (default 1s; negative
+	// disables it). A PUB that drops the last batches of a burst shows no
+	// gap until the next burst; this recovers them without waiting.
+	TailCheck time.Duration
 	// MaxReplayBuffer bounds the live batches held while a replay runs
 	// (default 10,000, vLLM's replay buffer). Past it, live batches are
 	// dropped and counted (LiveOverflow); the next batch then shows a gap,
@@ -49,6 +54,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ReplayTimeout <= 0 {
 		c.ReplayTimeout = 2 * time.Second
+	}
+	if c.TailCheck == 0 {
+		c.TailCheck = time.Second
 	}
 	if c.MaxReplayBuffer <= 0 {
 		c.MaxReplayBuffer = 10_000
@@ -89,6 +97,7 @@ type Stats struct {
 	Gaps           atomic.Uint64 // seq > last+1 seen
 	Replays        atomic.Uint64 // replay requests sent
 	Replayed       atomic.Uint64 // batches recovered through replay
+	TailChecks     atomic.Uint64 // replays asked after a quiet spell, gap or not
 	ReplayFailures atomic.Uint64 // replays that timed out or could not connect
 	HistoryMissing atomic.Uint64 // replays that started later than asked
 	Lost           atomic.Uint64 // batches known to be gone for good
@@ -198,12 +207,25 @@ func (s *Subscriber) serve(ctx context.Context, sub *receiver, h Handler) error 
 		defer timer.Stop()
 		idle = timer.C
 	}
+	// The tail check runs once per quiet spell, and only with a replay endpoint.
+	tail := time.NewTimer(s.cfg.TailCheck)
+	defer tail.Stop()
+	if s.cfg.ReplayEndpoint == "" || s.cfg.TailCheck < 0 {
+		tail.Stop()
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-idle:
 			return errIdle
+		case <-tail.C:
+			if last, ok := s.seq.Last(); ok {
+				s.stats.TailChecks.Add(1)
+				s.queue = s.queue[:0]
+				s.replay(ctx, last+1, probe, sub, h)
+				s.drain(ctx, sub, h)
+			}
 		case m, ok := <-sub.msgs:
 			if !ok {
 				return sub.err
@@ -211,12 +233,20 @@ func (s *Subscriber) serve(ctx context.Context, sub *receiver, h Handler) error 
 			if timer != nil {
 				timer.Reset(s.cfg.IdleTimeout)
 			}
+			if s.cfg.ReplayEndpoint != "" && s.cfg.TailCheck > 0 {
+				tail.Reset(s.cfg.TailCheck)
+			}
 			if f, ok := s.parseLive(m); ok {
-				s.handle(ctx, f, sub, h)
+				s.queue = append(s.queue[:0], f)
+				s.drain(ctx, sub, h)
 			}
 		}
 	}
 }
+
+// probe, as a replay's upto, marks a tail check: no gap is known, so an
+// answer with nothing in it means nothing was lost.
+const probe = 1<<64 - 1
 
 // parseLive checks the [topic, seq, payload] shape.
 func (s *Subscriber) parseLive(m zmq4.Msg) (frame, bool) {
@@ -239,9 +269,9 @@ func seqWidth(m zmq4.Msg) int {
 // holds live batches back, and one of them may show a gap of its own).
 const maxReplaysPerBatch = 4
 
-// handle applies one live batch, and every live batch a replay it triggers held back.
-func (s *Subscriber) handle(ctx context.Context, f frame, sub *receiver, h Handler) {
-	s.queue = append(s.queue[:0], f)
+// drain applies the live batches in s.queue, and every live batch a replay
+// they set off held back.
+func (s *Subscriber) drain(ctx context.Context, sub *receiver, h Handler) {
 	replays := 0
 	for i := 0; i < len(s.queue); i++ { // a replay appends what it held back
 		f := s.queue[i]
@@ -286,10 +316,33 @@ func (s *Subscriber) deliver(f frame, h Handler) {
 	h.HandleBatch(f.seq, f.payload)
 }
 
+// maxReplayRounds bounds the requests of one replay.
+const maxReplayRounds = 8
+
 // replay asks the replay socket for every batch from start on (the gap ends
-// before upto) and delivers them in order, holding live batches back in
-// s.queue meanwhile.
+// before upto, or upto is probe) and delivers them in order, holding live
+// batches back in s.queue meanwhile. A round that times out after some
+// replies lost the rest on the way (a ROUTER drops past its high-water mark):
+// the next round asks again from where it stopped.
 func (s *Subscriber) replay(ctx context.Context, start, upto uint64, sub *receiver, h Handler) {
+	for range maxReplayRounds {
+		ended, delivered := s.replayRound(ctx, start, upto, sub, h)
+		if ended || ctx.Err() != nil {
+			return
+		}
+		last, ok := s.seq.Last()
+		if delivered == 0 || !ok || (upto != probe && last+1 >= upto) {
+			s.replayFailed("wait", errors.New("timed out"))
+			return
+		}
+		start = last + 1
+	}
+	s.replayFailed("wait", fmt.Errorf("no end marker after %d rounds", maxReplayRounds))
+}
+
+// replayRound sends one request and applies its replies until the end
+// marker (ended) or a timeout; it reports how many batches it delivered.
+func (s *Subscriber) replayRound(ctx context.Context, start, upto uint64, sub *receiver, h Handler) (ended bool, delivered int) {
 	s.stats.Replays.Add(1)
 	if s.dealer != nil && s.dealer.dead() {
 		s.closeDealer() // the engine's ROUTER went away since the last replay
@@ -298,7 +351,7 @@ func (s *Subscriber) replay(ctx context.Context, start, upto uint64, sub *receiv
 		sock, err := dial(ctx, zmq4.Dealer, s.cfg.ReplayEndpoint)
 		if err != nil {
 			s.replayFailed("dial", err)
-			return
+			return true, 0
 		}
 		s.dealer = startReceiver(sock, liveDepth)
 	}
@@ -306,7 +359,7 @@ func (s *Subscriber) replay(ctx context.Context, start, upto uint64, sub *receiv
 	binary.BigEndian.PutUint64(req[:], start)
 	if err := s.dealer.sock.Send(zmq4.NewMsgFrom(nil, req[:])); err != nil {
 		s.replayFailed("send", err)
-		return
+		return true, 0
 	}
 	timer := time.NewTimer(s.cfg.ReplayTimeout)
 	defer timer.Stop()
@@ -315,10 +368,10 @@ func (s *Subscriber) replay(ctx context.Context, start, upto uint64, sub *receiv
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return true, delivered
 		case <-timer.C:
-			s.replayFailed("wait", errors.New("timed out"))
-			return
+			s.closeDealer() // a late reply must not answer the next request
+			return false, delivered
 		case m, ok := <-live:
 			if !ok {
 				live = nil // the SUB failed; finish the replay, serve then reconnects
@@ -334,7 +387,7 @@ func (s *Subscriber) replay(ctx context.Context, start, upto uint64, sub *receiv
 		case m, ok := <-s.dealer.msgs:
 			if !ok {
 				s.replayFailed("receive", s.dealer.err)
-				return
+				return true, delivered
 			}
 			timer.Reset(s.cfg.ReplayTimeout)
 			// [empty, seq, payload] or [empty, topic, seq, payload]: the
@@ -346,10 +399,10 @@ func (s *Subscriber) replay(ctx context.Context, start, upto uint64, sub *receiv
 			}
 			seq := binary.BigEndian.Uint64(m.Frames[n-2])
 			if seq == 1<<64-1 { // -1: the end marker
-				if first {
+				if first && upto != probe {
 					s.historyMissing(start, upto, h)
 				}
-				return
+				return true, delivered
 			}
 			if seq < start {
 				continue // a late reply to an earlier request
@@ -360,13 +413,20 @@ func (s *Subscriber) replay(ctx context.Context, start, upto uint64, sub *receiv
 					s.historyMissing(start, min(seq, upto), h)
 				}
 			}
-			if last, ok := s.seq.Last(); ok && seq <= last {
+			last, ok := s.seq.Last()
+			if ok && seq <= last {
 				s.stats.Duplicates.Add(1)
 				continue
+			}
+			if ok && seq > last+1 {
+				// A reply went missing on the way: drop the rest, ask again from last+1.
+				s.closeDealer()
+				return false, delivered
 			}
 			s.seq.applyReplayed(seq, start)
 			s.stats.Replayed.Add(1)
 			s.stats.Batches.Add(1)
+			delivered++
 			h.HandleBatch(seq, m.Frames[n-1])
 		}
 	}

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"context"
+	"encoding/binary"
 	"strings"
 	"testing"
 	"time"
@@ -279,5 +280,99 @@ func TestConfigErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("NewSubscriber(%+v) = %v, want an error containing %q", tc.cfg, err, tc.want)
 		}
+	}
+}
+
+// A PUB that drops the last batches of a burst shows no gap until the next
+// burst; the tail check finds them in the replay buffer after a quiet spell.
+func TestTailCheckRecoversAQuietTail(t *testing.T) {
+	ep, replay := freeTCP(t), freeTCP(t)
+	pub := newPublisher(t, PublisherConfig{Endpoint: ep, ReplayEndpoint: replay})
+	defer pub.Close()
+	s, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: replay, TailCheck: 100 * time.Millisecond})
+	last := syncUp(t, pub, rec)
+	pub.Publish(body(0))
+	pub.Drop(body(1))
+	pub.Drop(body(2))
+	expectBatches(t, rec, last+1, string(body(0)), string(body(1)), string(body(2)))
+	st := s.Stats()
+	if st.TailChecks.Load() == 0 || st.Replayed.Load() != 2 || st.Lost.Load() != 0 {
+		t.Errorf("tail checks %d, replayed %d, lost %d; want >= 1, 2, 0", st.TailChecks.Load(), st.Replayed.Load(), st.Lost.Load())
+	}
+	// A quiet spell with nothing lost changes nothing.
+	if c, quiet := rec.quiet(350 * time.Millisecond); !quiet {
+		t.Errorf("a tail check with nothing new made a call: %+v", c)
+	}
+	if st.HistoryMissing.Load() != 0 {
+		t.Errorf("history missing = %d, want 0", st.HistoryMissing.Load())
+	}
+}
+
+// A ROUTER past its high-water mark drops replies silently: a hole inside
+// a replay must not be applied over; the subscriber asks again from the hole.
+func TestReplayWithAHoleAsksAgain(t *testing.T) {
+	ep, replay := freeTCP(t), freeTCP(t)
+	pub := newPublisher(t, PublisherConfig{Endpoint: ep})
+	defer pub.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	router := zmq4.NewRouter(ctx)
+	if err := router.Listen(replay); err != nil {
+		t.Fatal(err)
+	}
+	defer router.Close()
+	requests := make(chan uint64, 8)
+	routerDone := make(chan struct{})
+	buffered := make(chan [][]byte, 1) // what the engine keeps for replay, by seq
+	go func() {
+		defer close(routerDone)
+		stored := <-buffered
+		for round := 0; ; round++ {
+			m, err := router.Recv()
+			if err != nil {
+				return
+			}
+			start := binary.BigEndian.Uint64(m.Frames[2])
+			requests <- start
+			for seq := start; seq < uint64(len(stored)); seq++ {
+				if round == 0 && seq == start+1 {
+					continue // dropped on the way
+				}
+				router.Send(zmq4.NewMsgFrom(m.Frames[0], nil, seqBytes(seq), stored[seq]))
+			}
+			router.Send(zmq4.NewMsgFrom(m.Frames[0], nil, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, nil))
+		}
+	}()
+	defer func() {
+		cancel()
+		router.Close()
+		select {
+		case buffered <- nil: // the router goroutine never got its buffer
+		default:
+		}
+		<-routerDone
+	}()
+
+	s, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: replay, TailCheck: -1})
+	last := syncUp(t, pub, rec)
+	var stored [][]byte
+	for i := uint64(0); i <= last; i++ {
+		stored = append(stored, []byte("probe")) // never replayed: before the gap
+	}
+	var want []string
+	for i := range 5 {
+		stored = append(stored, body(i))
+		want = append(want, string(body(i)))
+	}
+	buffered <- stored
+	for i := range 4 {
+		pub.Drop(body(i))
+	}
+	pub.Publish(body(4))
+	expectBatches(t, rec, last+1, want...)
+	if got := []uint64{<-requests, <-requests}; got[0] != last+1 || got[1] != last+2 {
+		t.Errorf("replay requests from %v, want %d then %d (the hole)", got, last+1, last+2)
+	}
+	if st := s.Stats(); st.Lost.Load() != 0 || st.ReplayFailures.Load() != 0 {
+		t.Errorf("lost %d, replay failures %d; want 0", st.Lost.Load(), st.ReplayFailures.Load())
 	}
 }

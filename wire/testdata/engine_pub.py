@@ -10,6 +10,8 @@ Driven over stdin/stdout by the Go interop test, one phase at a time:
   - "batches N DROP" publishes N batches with one BlockStored each (block hash
     1000+i); indexes in the comma list DROP are kept for replay but not sent,
     as vLLM's PUB drops past its high-water mark;
+  - "flood N" publishes N copies of one pre-packed step (8 BlockStored of 4
+    blocks of 16 tokens) as fast as the PUB takes them, for the benchmark;
   - "restart" closes both sockets and binds them again with seq back at 0;
   - "quit" exits. Between commands it keeps answering replay requests.
 """
@@ -130,6 +132,14 @@ def main():
             for i in range(int(cmd[1])):
                 engine.publish(batch([stored(i, args.block_size)]), send=i not in drop)
                 engine.serve_replay(0)
+            print("published", engine.seq, flush=True)
+        elif cmd[0] == "flood":
+            step = batch([dict(stored(i * 4, args.block_size), block_hashes=[1000 + i * 4 + j for j in range(4)],
+                               token_ids=list(range(4 * args.block_size))) for i in range(8)])
+            for i in range(int(cmd[1])):
+                engine.publish(step)
+                if i % 64 == 0:  # vLLM answers replays from its own thread
+                    engine.serve_replay(0)
             print("published", engine.seq, flush=True)
         elif cmd == ["restart"]:
             engine.close()
