@@ -223,8 +223,11 @@ func (s *Subscriber) serve(ctx context.Context, sub *receiver, h Handler) error 
 			if last, ok := s.seq.Last(); ok {
 				s.stats.TailChecks.Add(1)
 				s.queue = s.queue[:0]
-				s.replay(ctx, last+1, probe, sub, h)
+				ended, n := s.replay(ctx, last+1, probe, sub, h)
 				s.drain(ctx, sub, h)
+				if !ended || n > 0 {
+					tail.Reset(s.cfg.TailCheck) // more may be there: look again
+				}
 			}
 		case m, ok := <-sub.msgs:
 			if !ok {
@@ -317,27 +320,30 @@ func (s *Subscriber) deliver(f frame, h Handler) {
 }
 
 // maxReplayRounds bounds the requests of one replay.
-const maxReplayRounds = 8
+const maxReplayRounds = 64
 
 // replay asks the replay socket for every batch from start on (the gap ends
 // before upto, or upto is probe) and delivers them in order, holding live
 // batches back in s.queue meanwhile. A round that times out after some
-// replies lost the rest on the way (a ROUTER drops past its high-water mark):
-// the next round asks again from where it stopped.
-func (s *Subscriber) replay(ctx context.Context, start, upto uint64, sub *receiver, h Handler) {
+// replies, or shows a hole, lost the rest on the way (a ROUTER drops past its
+// high-water mark): the next round asks again from where it stopped. It
+// reports whether the engine said it had nothing more, and how many batches
+// it delivered.
+func (s *Subscriber) replay(ctx context.Context, start, upto uint64, sub *receiver, h Handler) (ended bool, delivered int) {
 	for range maxReplayRounds {
-		ended, delivered := s.replayRound(ctx, start, upto, sub, h)
-		if ended || ctx.Err() != nil {
-			return
+		done, n := s.replayRound(ctx, start, upto, sub, h)
+		delivered += n
+		if done || ctx.Err() != nil {
+			return done, delivered
 		}
 		last, ok := s.seq.Last()
-		if delivered == 0 || !ok || (upto != probe && last+1 >= upto) {
-			s.replayFailed("wait", errors.New("timed out"))
-			return
+		if n == 0 || !ok || (upto != probe && last+1 >= upto) {
+			break
 		}
 		start = last + 1
 	}
-	s.replayFailed("wait", fmt.Errorf("no end marker after %d rounds", maxReplayRounds))
+	s.replayFailed("wait", errors.New("no end marker"))
+	return false, delivered
 }
 
 // replayRound sends one request and applies its replies until the end
