@@ -72,7 +72,6 @@ type state struct {
 	cancel  context.CancelFunc
 	group   *errgroup.Group
 	workers map[string]*worker
-	byID    map[index.WorkerID]string
 	nextID  index.WorkerID
 	closing bool
 }
@@ -131,7 +130,7 @@ func New(cfg Config) (*Pipeline, error) {
 			}
 		}
 	}
-	st := &state{p: p, workers: make(map[string]*worker), byID: make(map[index.WorkerID]string)}
+	st := &state{p: p, workers: make(map[string]*worker)}
 	st.publishNames()
 	go st.loop()
 	return p, nil
@@ -178,7 +177,6 @@ func (p *Pipeline) AddWorker(name, endpoint, replayEndpoint string) error {
 		w.actor = actor.New(actor.Config{Worker: id, Name: name, BlockSize: p.cfg.BlockSize,
 			Shard: p.shards.Queue(id), Backpressure: p.cfg.Backpressure, Logger: p.cfg.Logger})
 		s.workers[name] = w
-		s.byID[id] = name
 		s.publishNames()
 		if s.ctx != nil {
 			s.start(w)
@@ -203,7 +201,6 @@ func (p *Pipeline) RemoveWorker(name string) error {
 		// The actor has stopped, so nothing follows this in the shard's queue.
 		p.shards.Queue(w.id) <- &index.Batch{Worker: w.id, Ops: []index.Op{{Kind: index.OpRemoveWorker}}}
 		delete(s.workers, name)
-		delete(s.byID, w.id)
 		s.publishNames()
 	})
 	if err != nil {
@@ -329,9 +326,9 @@ func (s *state) loop() {
 }
 
 func (s *state) publishNames() {
-	names := make(map[index.WorkerID]string, len(s.byID))
-	for id, n := range s.byID {
-		names[id] = n
+	names := make(map[index.WorkerID]string, len(s.workers))
+	for name, w := range s.workers {
+		names[w.id] = name
 	}
 	s.p.names.Store(&names)
 }
