@@ -320,3 +320,59 @@ func TestRunAfterCloseAndCloseTwice(t *testing.T) {
 		t.Errorf("FindMatches after Close = %v, want ErrClosed", err)
 	}
 }
+
+// Workers come and go while questions are asked: no race, no leak, and the
+// pipeline ends up holding exactly the workers left.
+func TestWorkersChurnWhileQuerying(t *testing.T) {
+	p := startPipeline(t, Config{Shards: 3})
+	engines := make([]*engine, 4)
+	for i := range engines {
+		engines[i] = newEngine(t)
+	}
+	stop := make(chan struct{})
+	queried := make(chan struct{})
+	go func() {
+		defer close(queried)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := p.FindMatches(context.Background(), prompt(1, 3)); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	for round := range 5 {
+		for i, e := range engines {
+			name := string(rune('a' + i))
+			if err := p.AddWorker(name, e.ep, e.replay); err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+			e.parent = 0
+			e.store(prompt(1, 3), 16)
+		}
+		for i := range engines[:3] {
+			if err := p.RemoveWorker(string(rune('a' + i))); err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+		}
+		if err := p.RemoveWorker("d"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.AddWorker("d", engines[3].ep, engines[3].replay); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "only d holds the prompt", func() { engines[3].parent = 0; engines[3].store(prompt(1, 3), 16) }, func() bool {
+		s := scores(t, p, prompt(1, 3))
+		return len(s) == 1 && s["d"] == 3
+	})
+	close(stop)
+	<-queried
+	if got := len(p.WorkerStats()); got != 1 {
+		t.Errorf("%d workers left, want 1", got)
+	}
+}
