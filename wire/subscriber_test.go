@@ -140,7 +140,7 @@ func TestReplayEndpointDownCountsTheLoss(t *testing.T) {
 	ep := freeTCP(t)
 	pub := newPublisher(t, PublisherConfig{Endpoint: ep})
 	defer pub.Close()
-	s, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: freeTCP(t), ReplayTimeout: 200 * time.Millisecond})
+	s, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: freeTCP(t), ReplayTimeout: 200 * time.Millisecond, TailCheck: -1})
 	last := syncUp(t, pub, rec)
 	pub.Drop(body(0))
 	pub.Publish(body(1))
