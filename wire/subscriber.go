@@ -319,65 +319,71 @@ func (s *Subscriber) deliver(f frame, h Handler) {
 	h.HandleBatch(f.seq, f.payload)
 }
 
-// maxReplayRounds bounds the requests of one replay.
-const maxReplayRounds = 64
+// maxReplayRequests is a safety bound on the requests of one replay; it
+// goes on only while the requests deliver something.
+const maxReplayRequests = 1024
 
 // replay asks the replay socket for every batch from start on (the gap ends
 // before upto, or upto is probe) and delivers them in order, holding live
-// batches back in s.queue meanwhile. A round that times out after some
-// replies, or shows a hole, lost the rest on the way (a ROUTER drops past its
-// high-water mark): the next round asks again from where it stopped. It
-// reports whether the engine said it had nothing more, and how many batches
-// it delivered.
+// batches back in s.queue meanwhile. A ROUTER drops replies past its
+// high-water mark as silently as a PUB drops batches: a reply that skips a
+// seq makes it ask again from the hole on the same socket (the rest of the
+// earlier answer is then ignored; every request ends with its own marker),
+// and a wait that times out after some progress asks again on a fresh one.
+// It reports whether the engine said it had nothing more, and how many
+// batches it delivered.
 func (s *Subscriber) replay(ctx context.Context, start, upto uint64, sub *receiver, h Handler) (ended bool, delivered int) {
-	for range maxReplayRounds {
-		done, n := s.replayRound(ctx, start, upto, sub, h)
-		delivered += n
-		if done || ctx.Err() != nil {
-			return done, delivered
-		}
-		last, ok := s.seq.Last()
-		if n == 0 || !ok || (upto != probe && last+1 >= upto) {
-			break
-		}
-		start = last + 1
-	}
-	s.replayFailed("wait", errors.New("no end marker"))
-	return false, delivered
-}
-
-// replayRound sends one request and applies its replies until the end
-// marker (ended) or a timeout; it reports how many batches it delivered.
-func (s *Subscriber) replayRound(ctx context.Context, start, upto uint64, sub *receiver, h Handler) (ended bool, delivered int) {
-	s.stats.Replays.Add(1)
 	if s.dealer != nil && s.dealer.dead() {
 		s.closeDealer() // the engine's ROUTER went away since the last replay
 	}
-	if s.dealer == nil {
-		sock, err := dial(ctx, zmq4.Dealer, s.cfg.ReplayEndpoint)
-		if err != nil {
-			s.replayFailed("dial", err)
-			return true, 0
+	outstanding := 0 // requests whose end marker has not come yet
+	var asked uint64 // start of the latest request
+	ask := func(from uint64) bool {
+		if s.dealer == nil {
+			sock, err := dial(ctx, zmq4.Dealer, s.cfg.ReplayEndpoint)
+			if err != nil {
+				s.replayFailed("dial", err)
+				return false
+			}
+			s.dealer = startReceiver(sock, liveDepth)
 		}
-		s.dealer = startReceiver(sock, liveDepth)
+		var req [8]byte
+		binary.BigEndian.PutUint64(req[:], from)
+		if err := s.dealer.sock.Send(zmq4.NewMsgFrom(nil, req[:])); err != nil {
+			s.replayFailed("send", err)
+			return false
+		}
+		s.stats.Replays.Add(1)
+		outstanding++
+		asked = from
+		return true
 	}
-	var req [8]byte
-	binary.BigEndian.PutUint64(req[:], start)
-	if err := s.dealer.sock.Send(zmq4.NewMsgFrom(nil, req[:])); err != nil {
-		s.replayFailed("send", err)
-		return true, 0
+	if !ask(start) {
+		return false, 0
 	}
 	timer := time.NewTimer(s.cfg.ReplayTimeout)
 	defer timer.Stop()
-	first := true
+	first := true // before the first reply to the first request
+	progressed := false
 	live := sub.msgs
-	for {
+	for requests := 1; ; {
 		select {
 		case <-ctx.Done():
 			return true, delivered
 		case <-timer.C:
+			// Replies, or an end marker, were lost on the way.
 			s.closeDealer() // a late reply must not answer the next request
-			return false, delivered
+			last, ok := s.seq.Last()
+			if !progressed || !ok || requests >= maxReplayRequests || (upto != probe && last+1 >= upto) {
+				s.replayFailed("wait", errors.New("timed out"))
+				return false, delivered
+			}
+			progressed, outstanding = false, 0
+			if !ask(last + 1) {
+				return false, delivered
+			}
+			requests++
+			timer.Reset(s.cfg.ReplayTimeout)
 		case m, ok := <-live:
 			if !ok {
 				live = nil // the SUB failed; finish the replay, serve then reconnects
@@ -393,7 +399,8 @@ func (s *Subscriber) replayRound(ctx context.Context, start, upto uint64, sub *r
 		case m, ok := <-s.dealer.msgs:
 			if !ok {
 				s.replayFailed("receive", s.dealer.err)
-				return true, delivered
+				s.closeDealer()
+				return false, delivered
 			}
 			timer.Reset(s.cfg.ReplayTimeout)
 			// [empty, seq, payload] or [empty, topic, seq, payload]: the
@@ -404,35 +411,45 @@ func (s *Subscriber) replayRound(ctx context.Context, start, upto uint64, sub *r
 				continue
 			}
 			seq := binary.BigEndian.Uint64(m.Frames[n-2])
-			if seq == 1<<64-1 { // -1: the end marker
+			if seq == 1<<64-1 { // -1: the end marker of one request
+				if outstanding--; outstanding > 0 {
+					continue
+				}
 				if first && upto != probe {
 					s.historyMissing(start, upto, h)
 				}
 				return true, delivered
 			}
-			if seq < start {
-				continue // a late reply to an earlier request
-			}
 			if first {
+				if seq < start {
+					continue // a late reply to an earlier replay
+				}
 				first = false
 				if seq > start {
 					s.historyMissing(start, min(seq, upto), h)
 				}
 			}
 			last, ok := s.seq.Last()
-			if ok && seq <= last {
+			switch {
+			case ok && seq <= last:
 				s.stats.Duplicates.Add(1)
 				continue
-			}
-			if ok && seq > last+1 {
-				// A reply went missing on the way: drop the rest, ask again from last+1.
-				s.closeDealer()
-				return false, delivered
+			case ok && seq > last+1:
+				// A reply went missing: ask again from the hole, once.
+				if asked != last+1 {
+					if requests >= maxReplayRequests || !ask(last+1) {
+						s.replayFailed("wait", errors.New("too many holes"))
+						return false, delivered
+					}
+					requests++
+				}
+				continue
 			}
 			s.seq.applyReplayed(seq, start)
 			s.stats.Replayed.Add(1)
 			s.stats.Batches.Add(1)
 			delivered++
+			progressed = true
 			h.HandleBatch(seq, m.Frames[n-1])
 		}
 	}
