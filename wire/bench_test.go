@@ -60,7 +60,10 @@ func BenchmarkLoopbackTCP(b *testing.B) {
 
 	var step codec.Batch
 	payload := benchPayload(&step)
-	for h.n.Load() == 0 { // subscription in place
+	for deadline := time.Now().Add(10 * time.Second); h.n.Load() == 0; { // subscription in place
+		if time.Now().After(deadline) {
+			b.Fatal("the subscriber received nothing")
+		}
 		pub.Publish(payload)
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -122,7 +125,10 @@ func BenchmarkLibzmqPublisher(b *testing.B) {
 	stopped := make(chan struct{})
 	go func() { sub.Run(ctx, h); close(stopped) }()
 	defer func() { cancel(); <-stopped }()
-	for h.n.Load() == 0 { // a probe arrived: subscribed
+	for deadline := time.Now().Add(10 * time.Second); h.n.Load() == 0; { // a probe arrived: subscribed
+		if time.Now().After(deadline) {
+			b.Fatal("no probe from the libzmq engine")
+		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	engine.Send("go")
