@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/pace"
 	"github.com/kvpipe/kvpipe/wire"
 )
 
@@ -85,7 +86,7 @@ type Actor struct {
 	fullSeen bool
 	// mainGroup: what each group_idx was learned to be.
 	mainGroup map[int]bool
-	warn      time.Time
+	warn      pace.Limiter
 }
 
 // New returns the actor of one worker.
@@ -93,7 +94,7 @@ func New(cfg Config) *Actor {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	a := &Actor{cfg: cfg, decoder: codec.NewDecoder(), free: make(chan *index.Batch, poolSize),
+	a := &Actor{cfg: cfg, decoder: codec.NewDecoder(), free: make(chan *index.Batch, poolSize), warn: pace.Limiter{Every: time.Second},
 		routerOf: make(map[uint64]uint64), mainGroup: make(map[int]bool)}
 	for range poolSize {
 		a.free <- &index.Batch{Worker: cfg.Worker, Return: a.free}
@@ -332,8 +333,10 @@ func (a *Actor) flush() {
 }
 
 func (a *Actor) warnf(msg string, args ...any) {
-	if now := time.Now(); now.Sub(a.warn) >= time.Second {
-		a.warn = now
+	if n, ok := a.warn.Allow(time.Now()); ok {
+		if n > 0 {
+			args = append(args, "suppressed", n)
+		}
 		a.cfg.Logger.Warn("kvpipe/actor: "+msg, append(args, "worker", a.cfg.Name)...)
 	}
 }

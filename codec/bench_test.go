@@ -71,7 +71,7 @@ func BenchmarkDecode(b *testing.B) {
 }
 
 type reflBatch struct {
-	_msgpack struct{} `msgpack:",as_array"`
+	_msgpack struct{} `msgpack:",as_array"` //lint:ignore U1000 vmihailenco reads the tag: the batch is an array
 	TS       float64
 	Events   []reflEvent
 	DPRank   *int64

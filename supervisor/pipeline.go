@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync/atomic"
 	"time"
 
 	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/pace"
 	"github.com/kvpipe/kvpipe/metrics"
 	"github.com/kvpipe/kvpipe/wire"
 	"github.com/prometheus/client_golang/prometheus"
@@ -353,7 +353,7 @@ func (s *state) stop(w *worker) {
 // supervise runs a worker until ctx ends, restarting it with backoff when it
 // panics; a restarted worker is resynced, so its entries cannot be stale.
 func (p *Pipeline) supervise(ctx context.Context, w *worker) {
-	backoff := p.cfg.RestartMin
+	backoff := pace.Backoff{Min: p.cfg.RestartMin, Max: p.cfg.RestartMax}
 	for {
 		start := time.Now()
 		panicked := p.runOnce(ctx, w)
@@ -365,16 +365,11 @@ func (p *Pipeline) supervise(ctx context.Context, w *worker) {
 		}
 		w.restarts.Add(1)
 		if time.Since(start) > time.Minute {
-			backoff = p.cfg.RestartMin // it ran well for a while
+			backoff.Reset() // it ran well for a while
 		}
-		t := time.NewTimer(backoff/2 + rand.N(backoff/2+1))
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !pace.Sleep(ctx, backoff.Next()) {
 			return
-		case <-t.C:
 		}
-		backoff = min(2*backoff, p.cfg.RestartMax)
 		w.actor.Recover()
 	}
 }

@@ -6,11 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync/atomic"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/kvpipe/kvpipe/internal/pace"
 )
 
 // Config configures the Subscriber of one worker.
@@ -112,7 +112,7 @@ type Stats struct {
 type Subscriber struct {
 	cfg   Config
 	stats Stats
-	warn  rateLimiter
+	warn  pace.Limiter
 
 	seq    SeqTracker
 	dealer *receiver // replay socket, dialled on the first gap
@@ -135,7 +135,7 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 		}
 	}
 	cfg.setDefaults()
-	return &Subscriber{cfg: cfg, warn: rateLimiter{every: time.Second}}, nil
+	return &Subscriber{cfg: cfg, warn: pace.Limiter{Every: time.Second}}, nil
 }
 
 // Stats returns the Subscriber's counters.
@@ -149,7 +149,7 @@ const liveDepth = 1024
 // backoff whenever it fails. It returns ctx's error.
 func (s *Subscriber) Run(ctx context.Context, h Handler) error {
 	defer s.closeDealer()
-	backoff := s.cfg.ReconnectMin
+	backoff := pace.Backoff{Min: s.cfg.ReconnectMin, Max: s.cfg.ReconnectMax}
 	for connectedBefore := false; ; {
 		sub, err := s.connect(ctx)
 		if err != nil {
@@ -157,17 +157,16 @@ func (s *Subscriber) Run(ctx context.Context, h Handler) error {
 				return ctx.Err()
 			}
 			s.logf("dial failed", "endpoint", s.cfg.Endpoint, "err", err)
-			if !sleep(ctx, jitter(backoff)) {
+			if !pace.Sleep(ctx, backoff.Next()) {
 				return ctx.Err()
 			}
-			backoff = min(2*backoff, s.cfg.ReconnectMax)
 			continue
 		}
 		if connectedBefore {
 			s.stats.Reconnects.Add(1)
 		}
 		connectedBefore = true
-		backoff = s.cfg.ReconnectMin
+		backoff.Reset()
 		err = s.serve(ctx, sub, h)
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -399,7 +398,6 @@ func (s *Subscriber) replay(ctx context.Context, start, upto uint64, sub *receiv
 		case m, ok := <-s.dealer.msgs:
 			if !ok {
 				s.replayFailed("receive", s.dealer.err)
-				s.closeDealer()
 				return false, delivered
 			}
 			timer.Reset(s.cfg.ReplayTimeout)
@@ -479,42 +477,10 @@ func (s *Subscriber) closeDealer() {
 }
 
 func (s *Subscriber) logf(msg string, args ...any) {
-	if n, ok := s.warn.allow(time.Now()); ok {
+	if n, ok := s.warn.Allow(time.Now()); ok {
 		if n > 0 {
 			args = append(args, "suppressed", n)
 		}
 		s.cfg.Logger.Warn("kvpipe/wire: "+msg, args...)
-	}
-}
-
-// rateLimiter lets one message through per interval and counts the rest.
-type rateLimiter struct {
-	every      time.Duration
-	last       time.Time
-	suppressed int
-}
-
-func (r *rateLimiter) allow(now time.Time) (suppressed int, ok bool) {
-	if now.Sub(r.last) < r.every {
-		r.suppressed++
-		return 0, false
-	}
-	n := r.suppressed
-	r.last, r.suppressed = now, 0
-	return n, true
-}
-
-func jitter(d time.Duration) time.Duration {
-	return d/2 + rand.N(d/2+1)
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
