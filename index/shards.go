@@ -50,7 +50,7 @@ type shard struct {
 	queries chan *query
 	tree    *Tree
 	// Read by metrics from any goroutine; written by the shard alone.
-	nodes, unknownRemoves, applied atomic.Int64
+	nodes, unknownRemoves atomic.Int64
 }
 
 type query struct {
@@ -82,13 +82,8 @@ func (s *Shards) QueueDepth(i int) int { return len(s.shards[i].in) }
 // Nodes reports shard i's live node count as of its last applied batch.
 func (s *Shards) Nodes(i int) int64 { return s.shards[i].nodes.Load() }
 
-// UnknownRemoves adds up removes of blocks their worker did not hold.
-func (s *Shards) UnknownRemoves() (n int64) {
-	for _, sh := range s.shards {
-		n += sh.unknownRemoves.Load()
-	}
-	return n
-}
+// UnknownRemoves reports shard i's removes of blocks their worker did not hold.
+func (s *Shards) UnknownRemoves(i int) int64 { return s.shards[i].unknownRemoves.Load() }
 
 // FindMatches asks every shard for the workers holding a prefix of hashes
 // and appends their scores to dst. Shards answer ahead of their queued
@@ -194,7 +189,6 @@ func (sh *shard) apply(b *Batch) {
 			t.RemoveWorker(b.Worker)
 		}
 	}
-	sh.applied.Add(int64(len(b.Ops)))
 	sh.nodes.Store(int64(t.Nodes()))
 	sh.unknownRemoves.Store(int64(t.UnknownRemoves))
 	if b.Return != nil {

@@ -24,8 +24,9 @@ type Worker struct {
 
 // Shard is one shard's state.
 type Shard struct {
-	QueueDepth int
-	Nodes      int64
+	QueueDepth     int
+	Nodes          int64
+	UnknownRemoves int64
 }
 
 type desc struct {
@@ -39,9 +40,9 @@ func newDesc(name, help string, typ prometheus.ValueType, labels ...string) desc
 
 // Collector turns snapshots into metrics.
 type Collector struct {
-	snapshot                                           func() Snapshot
-	counters                                           []workerMetric
-	events, filtered, indexed, connected, queue, nodes desc
+	snapshot                                                         func() Snapshot
+	counters                                                         []workerMetric
+	events, filtered, indexed, connected, queue, nodes, shardUnknown desc
 }
 
 type workerMetric struct {
@@ -84,11 +85,12 @@ func NewCollector(snapshot func() Snapshot) *Collector {
 	c.connected = newDesc("connected", "1 while the worker's SUB socket is connected.", prometheus.GaugeValue, "worker")
 	c.queue = newDesc("shard_queue_depth", "Batches waiting at a shard.", prometheus.GaugeValue, "shard")
 	c.nodes = newDesc("index_nodes", "Live nodes in a shard's tree.", prometheus.GaugeValue, "shard")
+	c.shardUnknown = newDesc("index_unknown_removes_total", "Removes a shard got for blocks their worker did not hold there.", prometheus.CounterValue, "shard")
 	return c
 }
 
 func (c *Collector) all() []desc {
-	out := []desc{c.events, c.filtered, c.indexed, c.connected, c.queue, c.nodes}
+	out := []desc{c.events, c.filtered, c.indexed, c.connected, c.queue, c.nodes, c.shardUnknown}
 	for _, m := range c.counters {
 		out = append(out, m.desc)
 	}
@@ -130,6 +132,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		id := strconv.Itoa(i)
 		emit(c.queue, float64(s.QueueDepth), id)
 		emit(c.nodes, float64(s.Nodes), id)
+		emit(c.shardUnknown, float64(s.UnknownRemoves), id)
 	}
 }
 

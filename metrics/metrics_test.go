@@ -12,7 +12,7 @@ import (
 
 func TestCollectorReadsTheCountersAtScrape(t *testing.T) {
 	ws, as := &wire.Stats{}, &actor.Stats{}
-	snap := Snapshot{Workers: []Worker{{ID: "w0", Wire: ws, Actor: as, Restarts: 2}}, Shards: []Shard{{QueueDepth: 3, Nodes: 40}}}
+	snap := Snapshot{Workers: []Worker{{ID: "w0", Wire: ws, Actor: as, Restarts: 2}}, Shards: []Shard{{QueueDepth: 3, Nodes: 40, UnknownRemoves: 5}}}
 	c := NewCollector(func() Snapshot { return snap })
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(c)
@@ -41,12 +41,15 @@ kvpipe_connected{worker="w0"} 1
 # HELP kvpipe_index_nodes Live nodes in a shard's tree.
 # TYPE kvpipe_index_nodes gauge
 kvpipe_index_nodes{shard="0"} 40
+# HELP kvpipe_index_unknown_removes_total Removes a shard got for blocks their worker did not hold there.
+# TYPE kvpipe_index_unknown_removes_total counter
+kvpipe_index_unknown_removes_total{shard="0"} 5
 # HELP kvpipe_shard_queue_depth Batches waiting at a shard.
 # TYPE kvpipe_shard_queue_depth gauge
 kvpipe_shard_queue_depth{shard="0"} 3
 `
 	names := []string{"kvpipe_seq_gaps_total", "kvpipe_batches_lost_total", "kvpipe_worker_restarts_total",
-		"kvpipe_indexed_blocks", "kvpipe_connected", "kvpipe_index_nodes", "kvpipe_shard_queue_depth"}
+		"kvpipe_indexed_blocks", "kvpipe_connected", "kvpipe_index_nodes", "kvpipe_index_unknown_removes_total", "kvpipe_shard_queue_depth"}
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
 		t.Error(err)
 	}

@@ -286,7 +286,8 @@ func (p *Pipeline) snapshot() metrics.Snapshot {
 		}
 	})
 	for i := range p.shards.Len() {
-		snap.Shards = append(snap.Shards, metrics.Shard{QueueDepth: p.shards.QueueDepth(i), Nodes: p.shards.Nodes(i)})
+		snap.Shards = append(snap.Shards, metrics.Shard{QueueDepth: p.shards.QueueDepth(i), Nodes: p.shards.Nodes(i),
+			UnknownRemoves: p.shards.UnknownRemoves(i)})
 	}
 	return snap
 }
