@@ -1,6 +1,7 @@
 package actor
 
 import (
+	"context"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -189,7 +190,9 @@ func (a *Actor) store(e *codec.Event) {
 	size := a.cfg.BlockSize
 	if a.fullSeen && e.BlockSize < size {
 		a.stats.Filtered[PartialBlock].Add(1)
-		a.cfg.Logger.Debug("kvpipe/actor: partial tail block dropped", "worker", a.cfg.Name, "block_size", e.BlockSize)
+		if a.cfg.Logger.Enabled(context.Background(), slog.LevelDebug) { // normal with vLLM: skip the boxing otherwise
+			a.cfg.Logger.Debug("kvpipe/actor: partial tail block dropped", "worker", a.cfg.Name, "block_size", e.BlockSize)
+		}
 		return
 	}
 	if r, ok := a.filter(e); !ok {
