@@ -136,13 +136,13 @@ func New(cfg Config) (*Pipeline, error) {
 	return p, nil
 }
 
-// do runs f in the loop goroutine and waits for it.
-func (p *Pipeline) do(f func(*state)) error {
-	done := make(chan struct{})
+// do runs f in the loop goroutine, waits for it and returns its error, or
+// ErrClosed once the loop has stopped.
+func (p *Pipeline) do(f func(*state) error) error {
+	done := make(chan error, 1)
 	select {
-	case p.cmds <- func(s *state) { f(s); close(done) }:
-		<-done
-		return nil
+	case p.cmds <- func(s *state) { done <- f(s) }:
+		return <-done
 	case <-p.loopDone:
 		return ErrClosed
 	}
@@ -161,15 +161,12 @@ func (p *Pipeline) AddWorker(name, endpoint, replayEndpoint string) error {
 	if err != nil {
 		return fmt.Errorf("kvpipe: worker %q: %w", name, err)
 	}
-	var result error
-	err = p.do(func(s *state) {
+	return p.do(func(s *state) error {
 		if s.closing {
-			result = ErrClosed
-			return
+			return ErrClosed
 		}
 		if _, dup := s.workers[name]; dup {
-			result = fmt.Errorf("kvpipe: worker %q already added", name)
-			return
+			return fmt.Errorf("kvpipe: worker %q already added", name)
 		}
 		id := s.nextID
 		s.nextID++
@@ -181,32 +178,24 @@ func (p *Pipeline) AddWorker(name, endpoint, replayEndpoint string) error {
 		if s.ctx != nil {
 			s.start(w)
 		}
+		return nil
 	})
-	if err != nil {
-		return err
-	}
-	return result
 }
 
 // RemoveWorker stops a worker and frees its index entries.
 func (p *Pipeline) RemoveWorker(name string) error {
-	var result error
-	err := p.do(func(s *state) {
+	return p.do(func(s *state) error {
 		w, ok := s.workers[name]
 		if !ok {
-			result = fmt.Errorf("kvpipe: no worker %q", name)
-			return
+			return fmt.Errorf("kvpipe: no worker %q", name)
 		}
 		s.stop(w)
 		// The actor has stopped, so nothing follows this in the shard's queue.
 		p.shards.Queue(w.id) <- &index.Batch{Worker: w.id, Ops: []index.Op{{Kind: index.OpRemoveWorker}}}
 		delete(s.workers, name)
 		s.publishNames()
+		return nil
 	})
-	if err != nil {
-		return err
-	}
-	return result
 }
 
 // FindMatches hashes a request's tokens into router blocks and returns, for
@@ -243,21 +232,17 @@ func (p *Pipeline) FindMatchesKeys(ctx context.Context, keys []uint64) ([]Match,
 // Run starts the workers and supervises them until ctx is done or Close is
 // called; then it drains and stops everything (as Close does) and returns.
 func (p *Pipeline) Run(ctx context.Context) error {
-	var err error
-	if e := p.do(func(s *state) {
+	if err := p.do(func(s *state) error {
 		if s.ctx != nil || s.closing {
-			err = errors.New("kvpipe: Run called twice or after Close")
-			return
+			return errors.New("kvpipe: Run called twice or after Close")
 		}
 		s.ctx, s.cancel = context.WithCancel(context.Background())
 		s.group = &errgroup.Group{}
 		for _, w := range s.workers {
 			s.start(w)
 		}
-	}); e != nil {
-		return e
-	}
-	if err != nil {
+		return nil
+	}); err != nil {
 		return err
 	}
 	select {
@@ -271,7 +256,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 // Close stops every worker, lets the shards apply what is queued, and waits
 // for every goroutine. It is safe to call more than once.
 func (p *Pipeline) Close() error {
-	p.do(func(s *state) { s.closing = true })
+	p.do(func(s *state) error { s.closing = true; return nil })
 	<-p.loopDone
 	return nil
 }
@@ -279,11 +264,12 @@ func (p *Pipeline) Close() error {
 // snapshot is the metrics collector's view, taken in the loop goroutine.
 func (p *Pipeline) snapshot() metrics.Snapshot {
 	var snap metrics.Snapshot
-	p.do(func(s *state) {
+	p.do(func(s *state) error {
 		for _, w := range s.workers {
 			snap.Workers = append(snap.Workers, metrics.Worker{ID: w.name, Wire: w.sub.Stats(), Actor: w.actor.Stats(),
 				Restarts: w.restarts.Load()})
 		}
+		return nil
 	})
 	for i := range p.shards.Len() {
 		snap.Shards = append(snap.Shards, metrics.Shard{QueueDepth: p.shards.QueueDepth(i), Nodes: p.shards.Nodes(i),
