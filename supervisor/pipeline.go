@@ -123,8 +123,12 @@ func New(cfg Config) (*Pipeline, error) {
 		closed:   make(chan struct{}),
 	}
 	if cfg.Registry != nil {
-		for _, c := range []prometheus.Collector{metrics.NewCollector(p.snapshot), p.latency} {
+		collectors := []prometheus.Collector{metrics.NewCollector(p.snapshot), p.latency}
+		for i, c := range collectors {
 			if err := cfg.Registry.Register(c); err != nil {
+				for _, done := range collectors[:i] {
+					cfg.Registry.Unregister(done)
+				}
 				p.shards.Close()
 				return nil, fmt.Errorf("kvpipe: registering metrics: %w", err)
 			}

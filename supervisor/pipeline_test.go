@@ -159,6 +159,16 @@ func TestConfigAndWorkerErrors(t *testing.T) {
 			t.Errorf("New(%+v) = %v, want %q", tc.cfg, err, tc.want)
 		}
 	}
+	// A registry that already holds kvpipe's metrics: a clear error, and nothing left half-registered.
+	reg := prometheus.NewRegistry()
+	first, err := New(Config{BlockSize: 16, Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	if _, err := New(Config{BlockSize: 16, Registry: reg}); err == nil || !strings.Contains(err.Error(), "registering metrics") {
+		t.Errorf("second pipeline on one registry: %v, want a registering error", err)
+	}
 	p := startPipeline(t, Config{})
 	if err := p.AddWorker("w", "tcp://127.0.0.1:1", ""); err != nil {
 		t.Fatal(err)
