@@ -1,5 +1,7 @@
 package wire
 
+import "github.com/zeebo/xxh3"
+
 // Outcome is what one sequence number means against the last one applied.
 type Outcome uint8
 
@@ -8,23 +10,30 @@ const (
 	InOrder                  // last+1
 	Duplicate                // already applied: drop
 	Gap                      // seq > last+1: batches were lost
-	Restart                  // seq went backwards: the publisher restarted
+	Restart                  // seq went backwards: the publisher restarted, or the seq is garbage
 )
 
 func (o Outcome) String() string {
 	return [...]string{"first", "in_order", "duplicate", "gap", "restart"}[o]
 }
 
-// SeqTracker classifies the sequence numbers of one worker's stream. It is
-// owned by that worker's goroutine.
+// SeqTracker classifies the sequence numbers of one worker's stream and keeps
+// the fingerprint of the last batch applied, by which a replay proves that the
+// publisher is still the same incarnation. It is owned by that worker's goroutine.
 type SeqTracker struct {
 	last    uint64
+	fp      uint64 // xxh3 of the last applied payload
 	started bool
 	// dupFloor is the lowest seq still taken as a duplicate rather than a
 	// restart. It is last itself, except after a replay from S: live batches
 	// from S on may then arrive again, until the live stream passes the replay.
 	dupFloor uint64
 }
+
+// Fingerprint is what identifies a batch across a replay. Engines stamp every
+// batch with a float timestamp, so a restarted engine's batch at the same seq
+// has another fingerprint even when its events are the same.
+func Fingerprint(payload []byte) uint64 { return xxh3.Hash(payload) }
 
 // Classify reports what seq means without applying it.
 func (t *SeqTracker) Classify(seq uint64) Outcome {
@@ -41,21 +50,30 @@ func (t *SeqTracker) Classify(seq uint64) Outcome {
 	return Restart
 }
 
-// Apply records seq, received live, as the last applied batch.
-func (t *SeqTracker) Apply(seq uint64) {
-	t.last, t.dupFloor, t.started = seq, seq, true
+// Apply records the batch seq, received live, as the last applied.
+func (t *SeqTracker) Apply(seq uint64, payload []byte) {
+	t.last, t.fp, t.dupFloor, t.started = seq, Fingerprint(payload), seq, true
 }
 
-// applyReplayed records seq, received through a replay from start.
-func (t *SeqTracker) applyReplayed(seq, start uint64) {
-	if !t.started || start < t.dupFloor {
-		t.dupFloor = start
+// applyReplayed records the batch seq, received through a replay that may
+// make live batches from floor on arrive again.
+func (t *SeqTracker) applyReplayed(seq uint64, payload []byte, floor uint64) {
+	if !t.started || floor < t.dupFloor {
+		t.dupFloor = floor
 	}
-	t.last, t.started = seq, true
+	t.last, t.fp, t.started = seq, Fingerprint(payload), true
 }
 
 // Last returns the last applied seq and whether there is one.
 func (t *SeqTracker) Last() (uint64, bool) { return t.last, t.started }
+
+// next is the seq that continues the stream: last+1, or 0 without history.
+func (t *SeqTracker) next() uint64 {
+	if !t.started {
+		return 0
+	}
+	return t.last + 1
+}
 
 // Reset forgets the history: the next seq starts a new stream.
 func (t *SeqTracker) Reset() { *t = SeqTracker{} }

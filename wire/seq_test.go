@@ -27,7 +27,7 @@ func TestSeqTracker(t *testing.T) {
 					t.Fatalf("step %d: Classify(%d) = %v, want %v", i, s.seq, got, s.want)
 				}
 				if got != Duplicate && got != Restart {
-					tr.Apply(s.seq)
+					tr.Apply(s.seq, nil)
 				}
 			}
 		})
@@ -38,9 +38,9 @@ func TestSeqTracker(t *testing.T) {
 // duplicates, not restarts; once the live stream passes them the window closes.
 func TestSeqTrackerReplayWindow(t *testing.T) {
 	var tr SeqTracker
-	tr.Apply(10)
+	tr.Apply(10, nil)
 	for seq := uint64(11); seq <= 20; seq++ {
-		tr.applyReplayed(seq, 11)
+		tr.applyReplayed(seq, nil, 11)
 	}
 	for _, seq := range []uint64{11, 15, 20} {
 		if got := tr.Classify(seq); got != Duplicate {
@@ -50,7 +50,7 @@ func TestSeqTrackerReplayWindow(t *testing.T) {
 	if got := tr.Classify(3); got != Restart {
 		t.Errorf("below the replay: Classify(3) = %v, want restart", got)
 	}
-	tr.Apply(21)
+	tr.Apply(21, nil)
 	if got := tr.Classify(15); got != Restart {
 		t.Errorf("after the live stream passed the replay: Classify(15) = %v, want restart", got)
 	}

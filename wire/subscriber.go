@@ -26,8 +26,15 @@ type Config struct {
 	// ReconnectMin and ReconnectMax bound the jittered exponential backoff
 	// between dial attempts (defaults 50ms and 5s).
 	ReconnectMin, ReconnectMax time.Duration
-	// ReplayTimeout bounds the wait for each replay reply (default 2s).
+	// ReplayTimeout bounds the wait for the first reply to a replay request
+	// (default 2s); once replies flow, a pause of an eighth of it (at least
+	// 50ms) means the rest was dropped, and the replay asks again from there.
 	ReplayTimeout time.Duration
+	// ReplayPatience is how long a failing replay is retried, with backoff,
+	// before its gap counts as lost or a reconnect's history is reset
+	// (default 10s): about the time an engine takes to turn over its replay
+	// buffer. Negative: one attempt.
+	ReplayPatience time.Duration
 	// TailCheck asks the replay endpoint for anything after the last batch
 	// once the stream has been quiet this long (default 1s; negative
 	// disables it). A PUB that drops the last batches of a burst shows no
@@ -35,8 +42,8 @@ type Config struct {
 	TailCheck time.Duration
 	// MaxReplayBuffer bounds the live batches held while a replay runs
 	// (default 10,000, vLLM's replay buffer). Past it, live batches are
-	// dropped and counted (LiveOverflow); the next batch then shows a gap,
-	// which is replayed again.
+	// dropped and counted (LiveOverflow); they then show as a gap, replayed
+	// in turn while the engine's buffer still holds them.
 	MaxReplayBuffer int
 	// Logger receives rate-limited warnings; nil discards them.
 	Logger *slog.Logger
@@ -55,6 +62,9 @@ func (c *Config) setDefaults() {
 	if c.ReplayTimeout <= 0 {
 		c.ReplayTimeout = 2 * time.Second
 	}
+	if c.ReplayPatience == 0 {
+		c.ReplayPatience = 10 * time.Second
+	}
 	if c.TailCheck == 0 {
 		c.TailCheck = time.Second
 	}
@@ -70,13 +80,20 @@ func (c *Config) setDefaults() {
 type ResetReason uint8
 
 const (
-	ResetRestart        ResetReason = iota // seq went backwards
+	ResetRestart        ResetReason = iota // another publisher incarnation: its hashes may differ
 	ResetHistoryMissing                    // the replay buffer no longer had the lost batches
-	ResetGapLost                           // a gap with no replay endpoint, or a replay that failed
+	ResetGapLost                           // a gap with no replay endpoint, or one unreachable past ReplayPatience
+	ResetUnproven                          // a reconnect whose continuity could not be proven
 )
 
 func (r ResetReason) String() string {
-	return [...]string{"restart", "history_missing", "gap_lost"}[r]
+	return [...]string{"restart", "history_missing", "gap_lost", "unproven"}[r]
+}
+
+// SameIncarnation reports whether the publisher that follows the reset is
+// known to be the one before it, so that its block hashes keep their meaning.
+func (r ResetReason) SameIncarnation() bool {
+	return r == ResetHistoryMissing || r == ResetGapLost
 }
 
 // Handler receives one worker's stream, in the Subscriber's goroutine.
@@ -84,27 +101,29 @@ type Handler interface {
 	// HandleBatch gets every batch exactly once, in seq order. The payload
 	// is only valid during the call.
 	HandleBatch(seq uint64, payload []byte)
-	// HandleReset says that batches were lost for good: the worker's state
-	// must be rebuilt from the batches that follow.
+	// HandleReset says that batches were lost for good, or that the
+	// publisher may be another process: the worker's state must be rebuilt
+	// from the batches that follow.
 	HandleReset(reason ResetReason)
 }
 
 // Stats counts what one Subscriber saw. Any goroutine may read it.
 type Stats struct {
-	Batches        atomic.Uint64 // delivered to the handler, live or replayed
-	Malformed      atomic.Uint64 // wrong frame count or seq width: skipped
-	Duplicates     atomic.Uint64 // seq already applied: dropped
-	Gaps           atomic.Uint64 // seq > last+1 seen
-	Replays        atomic.Uint64 // replay requests sent
-	Replayed       atomic.Uint64 // batches recovered through replay
-	TailChecks     atomic.Uint64 // replays asked after a quiet spell, gap or not
-	ReplayFailures atomic.Uint64 // replays that timed out or could not connect
-	HistoryMissing atomic.Uint64 // replays that started later than asked
-	Lost           atomic.Uint64 // batches known to be gone for good
-	LiveOverflow   atomic.Uint64 // live batches dropped while a replay ran
-	Restarts       atomic.Uint64 // seq went backwards
-	Reconnects     atomic.Uint64 // SUB sockets rebuilt after a failure or idle
-	Connected      atomic.Bool
+	Batches           atomic.Uint64 // delivered to the handler, live or replayed
+	Malformed         atomic.Uint64 // wrong frame count or seq width, or a seq the engine's buffer contradicts: skipped
+	Duplicates        atomic.Uint64 // seq already applied: dropped
+	Gaps              atomic.Uint64 // seq > last+1 seen live
+	Replays           atomic.Uint64 // replay requests sent
+	Replayed          atomic.Uint64 // batches recovered through replay
+	TailChecks        atomic.Uint64 // replays asked after a quiet spell, gap or not
+	ReplayFailures    atomic.Uint64 // requests that timed out or broke after connecting
+	ReplayUnreachable atomic.Uint64 // replay dials that failed
+	HistoryMissing    atomic.Uint64 // replays that found the engine no longer had a gap
+	Lost              atomic.Uint64 // batches the publisher sent that were never delivered
+	LiveOverflow      atomic.Uint64 // live batches dropped while a replay ran (replayed later)
+	Restarts          atomic.Uint64 // another publisher incarnation detected
+	Reconnects        atomic.Uint64 // SUB sockets rebuilt after a failure or idle
+	Connected         atomic.Bool
 }
 
 // Subscriber receives one worker's batches. Run it in the goroutine that owns
@@ -114,9 +133,15 @@ type Subscriber struct {
 	stats Stats
 	warn  pace.Limiter
 
-	seq    SeqTracker
-	dealer *receiver // replay socket, dialled on the first gap
-	queue  []frame   // live batches held while a replay runs
+	seq       SeqTracker
+	delivered bool      // something was ever delivered: later holes are losses
+	// continuous: the last batch applied came while the current SUB
+	// connection was up, so the engine cannot have restarted since.
+	continuous bool
+	dealer    *receiver // replay socket, dialled on the first replay
+	queue     []frame   // live batches held while a replay runs
+	// replayDown: the replay endpoint is unreachable; warned once per outage.
+	replayDown bool
 }
 
 type frame struct {
@@ -145,6 +170,10 @@ func (s *Subscriber) Stats() *Stats { return &s.stats }
 // the socket stops reading and the loss surfaces upstream as a seq gap.
 const liveDepth = 1024
 
+// implausibleGap: a live seq this far past the last is garbage or another
+// incarnation, never that many lost batches.
+const implausibleGap = 1 << 32
+
 // Run subscribes and feeds h until ctx is done, rebuilding the socket with
 // backoff whenever it fails. It returns ctx's error.
 func (s *Subscriber) Run(ctx context.Context, h Handler) error {
@@ -171,8 +200,6 @@ func (s *Subscriber) Run(ctx context.Context, h Handler) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		// What follows may come from a restarted publisher: the seq tracker
-		// tells a restart (seq back) from a gap (seq ahead).
 		s.logf("subscription lost, reconnecting", "endpoint", s.cfg.Endpoint, "err", err)
 	}
 }
@@ -195,10 +222,28 @@ var errIdle = errors.New("no message within the idle timeout")
 // ends, and closes it, also when the handler panics.
 func (s *Subscriber) serve(ctx context.Context, sub *receiver, h Handler) error {
 	s.stats.Connected.Store(true)
+	s.continuous = false
 	defer func() {
 		s.stats.Connected.Store(false)
 		sub.close()
+		clear(s.queue) // drop payload references
+		s.queue = s.queue[:0]
 	}()
+	// A new connection may reach another incarnation of the engine: prove
+	// continuity through the replay endpoint (which also replays what the
+	// engine sent meanwhile, or a new incarnation from its first batch), or,
+	// without one, start afresh.
+	if s.cfg.ReplayEndpoint != "" {
+		why := forTail // no history: the engine's buffer is a head start, not owed
+		if _, ok := s.seq.Last(); ok {
+			why = forProof
+		}
+		if !s.catchUp(ctx, sub, h, why, probe) || !s.drain(ctx, sub, h) {
+			return ctx.Err()
+		}
+	} else if _, ok := s.seq.Last(); ok {
+		s.reset(h, ResetUnproven)
+	}
 	var idle <-chan time.Time
 	var timer *time.Timer
 	if s.cfg.IdleTimeout > 0 {
@@ -206,12 +251,15 @@ func (s *Subscriber) serve(ctx context.Context, sub *receiver, h Handler) error 
 		defer timer.Stop()
 		idle = timer.C
 	}
-	// The tail check runs once per quiet spell, and only with a replay endpoint.
+	// The tail check runs once per quiet spell, and only with a replay
+	// endpoint; while that endpoint fails, it backs off.
+	tailing := s.cfg.ReplayEndpoint != "" && s.cfg.TailCheck > 0
 	tail := time.NewTimer(s.cfg.TailCheck)
 	defer tail.Stop()
-	if s.cfg.ReplayEndpoint == "" || s.cfg.TailCheck < 0 {
+	if !tailing {
 		tail.Stop()
 	}
+	tailBackoff := pace.Backoff{Min: s.cfg.TailCheck, Max: max(s.cfg.ReconnectMax, s.cfg.TailCheck)}
 	for {
 		select {
 		case <-ctx.Done():
@@ -219,14 +267,23 @@ func (s *Subscriber) serve(ctx context.Context, sub *receiver, h Handler) error 
 		case <-idle:
 			return errIdle
 		case <-tail.C:
-			if last, ok := s.seq.Last(); ok {
-				s.stats.TailChecks.Add(1)
-				s.queue = s.queue[:0]
-				ended, n := s.replay(ctx, last+1, probe, sub, h)
-				s.drain(ctx, sub, h)
-				if !ended || n > 0 {
-					tail.Reset(s.cfg.TailCheck) // more may be there: look again
-				}
+			if _, ok := s.seq.Last(); !ok {
+				continue
+			}
+			s.stats.TailChecks.Add(1)
+			before := s.stats.Replayed.Load()
+			failures := s.failures()
+			if !s.catchUp(ctx, sub, h, forTail, probe) || !s.drain(ctx, sub, h) {
+				return ctx.Err()
+			}
+			switch {
+			case s.failures() != failures:
+				tail.Reset(tailBackoff.Next())
+			case s.stats.Replayed.Load() != before:
+				tailBackoff.Reset()
+				tail.Reset(s.cfg.TailCheck) // more may be there: look again
+			default:
+				tailBackoff.Reset()
 			}
 		case m, ok := <-sub.msgs:
 			if !ok {
@@ -235,20 +292,22 @@ func (s *Subscriber) serve(ctx context.Context, sub *receiver, h Handler) error 
 			if timer != nil {
 				timer.Reset(s.cfg.IdleTimeout)
 			}
-			if s.cfg.ReplayEndpoint != "" && s.cfg.TailCheck > 0 {
+			if tailing {
 				tail.Reset(s.cfg.TailCheck)
 			}
 			if f, ok := s.parseLive(m); ok {
-				s.queue = append(s.queue[:0], f)
-				s.drain(ctx, sub, h)
+				s.queue = append(s.queue, f)
+				if !s.drain(ctx, sub, h) {
+					return ctx.Err()
+				}
 			}
 		}
 	}
 }
 
-// probe, as a replay's upto, marks a tail check: no gap is known, so an
-// answer with nothing in it means nothing was lost.
-const probe = 1<<64 - 1
+func (s *Subscriber) failures() uint64 {
+	return s.stats.ReplayFailures.Load() + s.stats.ReplayUnreachable.Load()
+}
 
 // parseLive checks the [topic, seq, payload] shape.
 func (s *Subscriber) parseLive(m zmq4.Msg) (frame, bool) {
@@ -267,200 +326,305 @@ func seqWidth(m zmq4.Msg) int {
 	return len(m.Frames[1])
 }
 
-// maxReplaysPerBatch bounds the replays one live batch can set off (a replay
-// holds live batches back, and one of them may show a gap of its own).
-const maxReplaysPerBatch = 4
-
 // drain applies the live batches in s.queue, and every live batch a replay
-// they set off held back.
-func (s *Subscriber) drain(ctx context.Context, sub *receiver, h Handler) {
-	replays := 0
+// they set off held back. It returns false when ctx ended.
+func (s *Subscriber) drain(ctx context.Context, sub *receiver, h Handler) bool {
 	for i := 0; i < len(s.queue); i++ { // a replay appends what it held back
 		f := s.queue[i]
-		switch s.seq.Classify(f.seq) {
+		outcome := s.seq.Classify(f.seq)
+		switch outcome {
+		case First, InOrder:
+			s.deliver(f, h)
+			continue
 		case Duplicate:
 			s.stats.Duplicates.Add(1)
 			continue
-		case Restart:
-			s.stats.Restarts.Add(1)
-			s.logf("publisher restarted: history unknown", "endpoint", s.cfg.Endpoint, "last", s.seq.last, "seq", f.seq)
-			s.seq.Reset()
-			h.HandleReset(ResetRestart)
-		case Gap:
-			s.stats.Gaps.Add(1)
-			if s.cfg.ReplayEndpoint != "" && replays < maxReplaysPerBatch {
-				replays++
-				s.replay(ctx, s.seq.last+1, f.seq, sub, h)
-				switch s.seq.Classify(f.seq) {
-				case Duplicate: // the replay delivered it
-					s.stats.Duplicates.Add(1)
-					continue
-				case First, InOrder:
-					s.deliver(f, h)
-					continue
-				}
-			}
-			last := s.seq.last
-			s.stats.Lost.Add(f.seq - last - 1)
-			s.logf("batches lost: history unknown", "endpoint", s.cfg.Endpoint, "from", last+1, "to", f.seq-1)
-			s.seq.Reset()
-			h.HandleReset(ResetGapLost)
 		}
-		s.deliver(f, h)
+		plausible := outcome == Gap && f.seq-s.seq.last <= implausibleGap
+		if outcome == Gap {
+			s.stats.Gaps.Add(1)
+		}
+		if s.cfg.ReplayEndpoint == "" {
+			if plausible {
+				s.lose(f.seq-s.seq.last-1, h, ResetGapLost)
+			} else {
+				s.stats.Restarts.Add(1)
+				s.logf("publisher restarted: history unknown", "endpoint", s.cfg.Endpoint, "last", s.seq.last, "seq", f.seq)
+				s.reset(h, ResetRestart)
+			}
+			s.deliver(f, h)
+			continue
+		}
+		// The replay endpoint decides: it fills the gap, or shows another
+		// incarnation, or that the seq is garbage.
+		why, upto := forProof, uint64(probe)
+		if plausible {
+			why, upto = forGap, f.seq
+		}
+		if !s.catchUp(ctx, sub, h, why, upto) {
+			return false
+		}
+		switch s.seq.Classify(f.seq) {
+		case First, InOrder:
+			s.deliver(f, h)
+		case Duplicate, Restart: // replayed, or behind a stream the engine vouches for
+			s.stats.Duplicates.Add(1)
+		case Gap:
+			s.stats.Malformed.Add(1)
+			s.logf("seq contradicts the engine's replay buffer: skipped", "endpoint", s.cfg.Endpoint, "last", s.seq.last, "seq", f.seq)
+		}
 	}
 	clear(s.queue) // drop payload references
 	s.queue = s.queue[:0]
+	return true
 }
 
 func (s *Subscriber) deliver(f frame, h Handler) {
-	s.seq.Apply(f.seq)
+	s.seq.Apply(f.seq, f.payload)
 	s.stats.Batches.Add(1)
+	s.delivered, s.continuous = true, true
 	h.HandleBatch(f.seq, f.payload)
 }
 
-// maxReplayRequests is a safety bound on the requests of one replay; it
-// goes on only while the requests deliver something.
-const maxReplayRequests = 1024
+// lose counts n batches gone for good and resets the worker's history.
+func (s *Subscriber) lose(n uint64, h Handler, why ResetReason) {
+	s.stats.Lost.Add(n)
+	s.logf("batches lost: history unknown", "endpoint", s.cfg.Endpoint, "after", s.seq.last, "lost", n, "reason", why.String())
+	s.reset(h, why)
+}
 
-// replay asks the replay socket for every batch from start on (the gap ends
-// before upto, or upto is probe) and delivers them in order, holding live
-// batches back in s.queue meanwhile. A ROUTER drops replies past its
-// high-water mark as silently as a PUB drops batches: a reply that skips a
-// seq makes it ask again from the hole on the same socket (the rest of the
-// earlier answer is then ignored; every request ends with its own marker),
-// and a wait that times out after some progress asks again on a fresh one.
-// It reports whether the engine said it had nothing more, and how many
-// batches it delivered.
-func (s *Subscriber) replay(ctx context.Context, start, upto uint64, sub *receiver, h Handler) (ended bool, delivered int) {
+func (s *Subscriber) reset(h Handler, why ResetReason) {
+	s.seq.Reset()
+	h.HandleReset(why)
+}
+
+// purpose says why a replay runs, which decides what its failure costs.
+type purpose uint8
+
+const (
+	forTail  purpose = iota // a quiet spell: nothing known missing, one attempt
+	forGap                  // a live gap: retried, then lost
+	forProof                // a reconnect or an implausible seq: retried, then unproven
+)
+
+// catchUp runs one replay to its end: it proves that the engine is the
+// incarnation the history came from, then delivers everything the engine
+// holds past the last applied batch (upto is the live seq that showed a gap,
+// or probe), holding live batches back in s.queue meanwhile. A new request
+// always goes out on a new connection, so no late reply to an earlier one can
+// crowd it. It returns false only when ctx ended: cancellation costs nothing.
+func (s *Subscriber) catchUp(ctx context.Context, sub *receiver, h Handler, why purpose, upto uint64) bool {
 	if s.dealer != nil && s.dealer.dead() {
 		s.closeDealer() // the engine's ROUTER went away since the last replay
 	}
-	outstanding := 0 // requests whose end marker has not come yet
-	var asked uint64 // start of the latest request
-	ask := func(from uint64) bool {
-		if s.dealer == nil {
-			sock, err := dial(ctx, zmq4.Dealer, s.cfg.ReplayEndpoint)
-			if err != nil {
-				s.replayFailed("dial", err)
-				return false
-			}
-			s.dealer = startReceiver(sock, liveDepth)
-		}
-		var req [8]byte
-		binary.BigEndian.PutUint64(req[:], from)
-		if err := s.dealer.sock.Send(zmq4.NewMsgFrom(nil, req[:])); err != nil {
-			s.replayFailed("send", err)
-			return false
-		}
-		s.stats.Replays.Add(1)
-		outstanding++
-		asked = from
-		return true
-	}
-	if !ask(start) {
-		return false, 0
-	}
+	var r replayState
+	r.begin(&s.seq, upto, s.delivered, s.continuous)
+	stall := max(s.cfg.ReplayTimeout/8, 50*time.Millisecond)
 	timer := time.NewTimer(s.cfg.ReplayTimeout)
 	defer timer.Stop()
-	first := true // before the first reply to the first request
-	progressed := false
-	live := sub.msgs
-	for requests := 1; ; {
+	retry := pace.Backoff{Min: s.cfg.ReconnectMin, Max: s.cfg.ReconnectMax}
+	var failingSince time.Time
+	var live <-chan zmq4.Msg = sub.msgs
+	for askNow, recheck := true, false; ; {
+		if askNow {
+			askNow = false
+			if !s.request(ctx, r.ask(recheck)) {
+				if !s.retry(ctx, &live, &retry, &failingSince, why) {
+					return ctx.Err() == nil && s.giveUp(h, why, upto)
+				}
+				askNow, recheck = true, false
+				continue
+			}
+			timer.Reset(s.cfg.ReplayTimeout)
+		}
+		var st step
 		select {
 		case <-ctx.Done():
-			return true, delivered
+			return false
 		case <-timer.C:
-			// Replies, or an end marker, were lost on the way.
-			s.closeDealer() // a late reply must not answer the next request
-			last, ok := s.seq.Last()
-			if !progressed || !ok || requests >= maxReplayRequests || (upto != probe && last+1 >= upto) {
+			if st = r.timeout(); st.v == vFail {
 				s.replayFailed("wait", errors.New("timed out"))
-				return false, delivered
 			}
-			progressed, outstanding = false, 0
-			if !ask(last + 1) {
-				return false, delivered
-			}
-			requests++
-			timer.Reset(s.cfg.ReplayTimeout)
 		case m, ok := <-live:
 			if !ok {
 				live = nil // the SUB failed; finish the replay, serve then reconnects
-				continue
+			} else {
+				s.hold(m)
 			}
-			if f, ok := s.parseLive(m); ok {
-				if len(s.queue) < s.cfg.MaxReplayBuffer {
-					s.queue = append(s.queue, f)
-				} else {
-					s.stats.LiveOverflow.Add(1)
-				}
-			}
+			continue
 		case m, ok := <-s.dealer.msgs:
 			if !ok {
-				s.replayFailed("receive", s.dealer.err)
-				return false, delivered
+				if st = r.timeout(); st.v == vFail {
+					s.replayFailed("receive", s.dealer.err)
+				}
+				break
 			}
-			timer.Reset(s.cfg.ReplayTimeout)
-			// [empty, seq, payload] or [empty, topic, seq, payload]: the
-			// last two frames are always seq and payload.
-			n := len(m.Frames)
-			if n < 3 || n > 4 || len(m.Frames[0]) != 0 || len(m.Frames[n-2]) != 8 {
+			timer.Reset(stall)
+			seq, payload, ok := parseReply(m)
+			if !ok {
 				s.stats.Malformed.Add(1)
 				continue
 			}
-			seq := binary.BigEndian.Uint64(m.Frames[n-2])
-			if seq == 1<<64-1 { // -1: the end marker of one request
-				if outstanding--; outstanding > 0 {
-					continue
+			if seq == endMarker {
+				if st = r.end(); st.v == vMissing {
+					s.missing(st, r.t.next(), upto, h)
+					st.v = vDone
 				}
-				if first && upto != probe {
-					s.historyMissing(start, upto, h)
-				}
-				return true, delivered
+			} else {
+				st = r.reply(seq, payload)
 			}
-			if first {
-				if seq < start {
-					continue // a late reply to an earlier replay
-				}
-				first = false
-				if seq > start {
-					s.historyMissing(start, min(seq, upto), h)
-				}
-			}
-			last, ok := s.seq.Last()
-			switch {
-			case ok && seq <= last:
+			switch st.v {
+			case vMissing:
+				s.missing(st, seq-st.lost, seq, h)
+				fallthrough
+			case vDeliver:
+				s.stats.Replayed.Add(1)
+				s.stats.Batches.Add(1)
+				s.delivered = true
+				failingSince = time.Time{}
+				h.HandleBatch(seq, payload)
+				continue
+			case vDup:
 				s.stats.Duplicates.Add(1)
 				continue
-			case ok && seq > last+1:
-				// A reply went missing: ask again from the hole, once.
-				if asked != last+1 {
-					if requests >= maxReplayRequests || !ask(last+1) {
-						s.replayFailed("wait", errors.New("too many holes"))
-						return false, delivered
-					}
-					requests++
-				}
+			case vSkip:
 				continue
 			}
-			s.seq.applyReplayed(seq, start)
-			s.stats.Replayed.Add(1)
-			s.stats.Batches.Add(1)
-			delivered++
-			progressed = true
-			h.HandleBatch(seq, m.Frames[n-1])
+		}
+		switch st.v {
+		case vAsk: // replies were dropped: ask from the hole
+			s.closeDealer()
+			askNow, recheck = true, true
+		case vRestart:
+			s.closeDealer()
+			s.stats.Restarts.Add(1)
+			s.logf("publisher restarted: replaying the new one from its start", "endpoint", s.cfg.ReplayEndpoint, "last", s.seq.last)
+			h.HandleReset(ResetRestart)
+			r.restarted()
+			askNow, recheck = true, false
+		case vDone:
+			s.continuous = live != nil // what the replay delivered is vouched for by the live connection
+			if s.replayDown {
+				s.replayDown = false
+				s.cfg.Logger.Info("kvpipe/wire: replay endpoint reachable again", "endpoint", s.cfg.ReplayEndpoint)
+			}
+			return true
+		case vFail:
+			s.closeDealer()
+			if !s.retry(ctx, &live, &retry, &failingSince, why) {
+				return ctx.Err() == nil && s.giveUp(h, why, upto)
+			}
+			askNow, recheck = true, false
 		}
 	}
 }
 
-// historyMissing handles a replay that could not go back to start: the
-// batches from start to before resume are gone.
-func (s *Subscriber) historyMissing(start, resume uint64, h Handler) {
+// endMarker is seq -1 as the engines send it: the end of one answer.
+const endMarker = 1<<64 - 1
+
+// parseReply checks a replay reply: [empty, seq, payload] (SGLang, vLLM
+// before 0.26) or [empty, topic, seq, payload]; the last two frames are
+// always seq and payload.
+func parseReply(m zmq4.Msg) (seq uint64, payload []byte, ok bool) {
+	n := len(m.Frames)
+	if n < 3 || n > 4 || len(m.Frames[0]) != 0 || len(m.Frames[n-2]) != 8 {
+		return 0, nil, false
+	}
+	return binary.BigEndian.Uint64(m.Frames[n-2]), m.Frames[n-1], true
+}
+
+// request sends a replay request for every batch from start on, dialling
+// the replay socket first if needed. It reports whether the request went out.
+func (s *Subscriber) request(ctx context.Context, start uint64) bool {
+	if s.dealer == nil {
+		sock, err := dial(ctx, zmq4.Dealer, s.cfg.ReplayEndpoint)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.stats.ReplayUnreachable.Add(1)
+				if !s.replayDown {
+					s.replayDown = true
+					s.cfg.Logger.Warn("kvpipe/wire: replay endpoint unreachable; backing off", "endpoint", s.cfg.ReplayEndpoint, "err", err)
+				}
+			}
+			return false
+		}
+		s.dealer = startReceiver(sock, liveDepth)
+	}
+	var req [8]byte
+	binary.BigEndian.PutUint64(req[:], start)
+	if err := s.dealer.sock.Send(zmq4.NewMsgFrom(nil, req[:])); err != nil {
+		s.replayFailed("send", err)
+		s.closeDealer()
+		return false
+	}
+	s.stats.Replays.Add(1)
+	return true
+}
+
+// retry waits out the backoff before a failed replay is sent again, holding
+// live batches meanwhile. It reports false when the replay should give up:
+// ctx ended, or the failures have lasted past the purpose's patience.
+func (s *Subscriber) retry(ctx context.Context, live *<-chan zmq4.Msg, b *pace.Backoff, since *time.Time, why purpose) bool {
+	now := time.Now()
+	if since.IsZero() {
+		*since = now
+	}
+	if why == forTail || s.cfg.ReplayPatience < 0 || now.Sub(*since) >= s.cfg.ReplayPatience {
+		return false
+	}
+	wait := time.NewTimer(b.Next())
+	defer wait.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-wait.C:
+			return true
+		case m, ok := <-*live:
+			if !ok {
+				*live = nil
+				continue
+			}
+			s.hold(m)
+		}
+	}
+}
+
+// giveUp settles a replay that could not be made: a known gap is lost, an
+// unproven history is reset, a tail check just ends. It returns true.
+func (s *Subscriber) giveUp(h Handler, why purpose, upto uint64) bool {
+	_, started := s.seq.Last()
+	switch {
+	case why == forGap && started:
+		s.lose(upto-s.seq.next(), h, ResetGapLost)
+	case why == forProof && started:
+		s.logf("continuity not proven: history unknown", "endpoint", s.cfg.ReplayEndpoint)
+		s.reset(h, ResetUnproven)
+	}
+	return true
+}
+
+// missing settles batches from..to-1 that the engine no longer holds.
+func (s *Subscriber) missing(st step, from, to uint64, h Handler) {
 	s.stats.HistoryMissing.Add(1)
-	s.stats.Lost.Add(resume - start)
-	s.logf("replay buffer no longer holds the gap: history unknown", "endpoint", s.cfg.ReplayEndpoint, "from", start, "resume", resume)
-	s.seq.Reset()
-	h.HandleReset(ResetHistoryMissing)
+	s.stats.Lost.Add(st.lost)
+	s.logf("replay buffer no longer holds the gap: history unknown", "endpoint", s.cfg.ReplayEndpoint, "from", from, "to", to, "lost", st.lost)
+	if st.reset {
+		h.HandleReset(ResetHistoryMissing)
+	}
+}
+
+// hold keeps a live message that arrived during a replay for drain.
+func (s *Subscriber) hold(m zmq4.Msg) {
+	f, ok := s.parseLive(m)
+	if !ok {
+		return
+	}
+	if len(s.queue) >= s.cfg.MaxReplayBuffer {
+		s.stats.LiveOverflow.Add(1)
+		return
+	}
+	s.queue = append(s.queue, f)
 }
 
 func (s *Subscriber) replayFailed(step string, err error) {
