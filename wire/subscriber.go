@@ -134,12 +134,12 @@ type Subscriber struct {
 	warn  pace.Limiter
 
 	seq       SeqTracker
-	delivered bool      // something was ever delivered: later holes are losses
+	delivered bool // something was ever delivered: later holes are losses
 	// continuous: the last batch applied came while the current SUB
 	// connection was up, so the engine cannot have restarted since.
 	continuous bool
-	dealer    *receiver // replay socket, dialled on the first replay
-	queue     []frame   // live batches held while a replay runs
+	dealer     *receiver // replay socket, dialled on the first replay
+	queue      []frame   // live batches held while a replay runs
 	// replayDown: the replay endpoint is unreachable; warned once per outage.
 	replayDown bool
 }
