@@ -63,6 +63,18 @@ type Stats struct {
 	IndexedBlocks                atomic.Int64 // blocks this worker holds in the index
 }
 
+// block is what the actor knows of one engine block.
+type block struct {
+	key       uint64 // the router's hash
+	parent    uint64 // the engine's hash of its parent
+	hasParent bool
+	gen       uint32 // the generation it was last indexed in
+}
+
+// maxKept bounds the blocks a resync keeps mapped: a mapping this large
+// after losses holds many blocks the engine evicted unseen, so it is dropped.
+const maxKept = 1 << 21
+
 // poolSize is how many batches an actor has in flight to its shard at most.
 const poolSize = 4
 
@@ -80,8 +92,13 @@ type Actor struct {
 	resync  bool         // a dropped batch left the index behind: clear first
 
 	// routerOf maps the engine's block hash to the router's, for chaining
-	// parents and for removes.
-	routerOf map[uint64]uint64
+	// parents and for removes. It survives a resync within one engine
+	// incarnation (engine hashes are content hashes), so that blocks under a
+	// prefix the engine still holds keep their true keys.
+	routerOf map[uint64]block
+	// gen counts the worker's index clears; a block is in the index only if
+	// it was stored in the current generation.
+	gen uint32
 	// fullSeen: this worker published a block of the router's size that
 	// passed group filtering.
 	fullSeen bool
@@ -96,7 +113,7 @@ func New(cfg Config) *Actor {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	a := &Actor{cfg: cfg, decoder: codec.NewDecoder(), free: make(chan *index.Batch, poolSize), warn: pace.Limiter{Every: time.Second},
-		routerOf: make(map[uint64]uint64), mainGroup: make(map[int]bool)}
+		routerOf: make(map[uint64]block), mainGroup: make(map[int]bool)}
 	for range poolSize {
 		a.free <- &index.Batch{Worker: cfg.Worker, Return: a.free}
 	}
@@ -126,11 +143,18 @@ func (a *Actor) HandleBatch(seq uint64, payload []byte) {
 	a.flush()
 }
 
-// HandleReset: history is unknown, so the worker's entries may be stale.
+// HandleReset: history is unknown, so the worker's entries may be stale and
+// are cleared. Within one engine incarnation the block mapping is kept: a
+// block stored later under a still-cached prefix gets its true key, and
+// brings that prefix back into the index.
 func (a *Actor) HandleReset(reason wire.ResetReason) {
 	a.stats.Resyncs.Add(1)
 	a.cfg.Logger.Info("kvpipe/actor: resync", "worker", a.cfg.Name, "reason", reason.String())
-	a.clear()
+	if reason.SameIncarnation() {
+		a.unindex()
+	} else {
+		a.clear()
+	}
 	a.flush()
 }
 
@@ -159,14 +183,16 @@ func (a *Actor) apply(e *codec.Event) {
 			return
 		}
 		for _, ext := range e.BlockHashes {
-			h, ok := a.routerOf[ext]
+			b, ok := a.routerOf[ext]
 			if !ok {
 				a.stats.UnknownRemove.Add(1)
 				continue
 			}
 			delete(a.routerOf, ext)
-			a.emit(index.OpRemove, h)
-			a.stats.BlocksRemoved.Add(1)
+			if b.gen == a.gen {
+				a.emit(index.OpRemove, b.key)
+				a.stats.BlocksRemoved.Add(1)
+			}
 		}
 	case codec.AllBlocksCleared:
 		a.stats.Cleared.Add(1)
@@ -182,6 +208,16 @@ func (a *Actor) apply(e *codec.Event) {
 // engine that comes back with another block size must warn again.
 func (a *Actor) clear() {
 	clear(a.routerOf)
+	a.unindex()
+}
+
+// unindex clears the worker in the index but keeps the block mapping: its
+// entries become known but not indexed.
+func (a *Actor) unindex() {
+	if len(a.routerOf) > maxKept {
+		clear(a.routerOf)
+	}
+	a.gen++
 	a.fullSeen = false
 	a.emit(index.OpClearWorker, 0)
 }
@@ -217,23 +253,53 @@ func (a *Actor) store(e *codec.Event) {
 	}
 	parent, hasParent := uint64(0), false
 	if e.HasParent {
-		if parent, hasParent = a.routerOf[e.ParentHash]; !hasParent {
-			a.stats.UnknownParent.Add(1) // a new root for this worker
+		p, ok := a.routerOf[e.ParentHash]
+		if !ok {
+			// Its key chains through blocks this worker never told us of
+			// (history lost, or the router joined late): no prompt could
+			// hash to a key made up here, so the blocks stay out.
+			a.stats.UnknownParent.Add(1)
+			return
 		}
+		// The engine built on the parent, so it holds the parent's prefix.
+		a.reindex(e.ParentHash)
+		parent, hasParent = p.key, true
 	}
+	ext, extParent := e.ParentHash, e.HasParent
 	for i := range n {
 		h := a.hasher.Block(parent, hasParent, e.TokenIDs[i*bs:(i+1)*bs])
-		if old, ok := a.routerOf[e.BlockHashes[i]]; ok {
-			if old == h {
+		if old, ok := a.routerOf[e.BlockHashes[i]]; ok && old.gen == a.gen {
+			if old.key == h {
 				parent, hasParent = h, true
+				ext, extParent = e.BlockHashes[i], true
 				continue // stored again: the index holds it already
 			}
-			a.emit(index.OpRemove, old)
+			a.emit(index.OpRemove, old.key)
 		}
-		a.routerOf[e.BlockHashes[i]] = h
+		a.routerOf[e.BlockHashes[i]] = block{key: h, parent: ext, hasParent: extParent, gen: a.gen}
 		a.emit(index.OpStore, h)
 		a.stats.BlocksStored.Add(1)
 		parent, hasParent = h, true
+		ext, extParent = e.BlockHashes[i], true
+	}
+}
+
+// reindex puts the block ext and its ancestors back into the index where an
+// earlier clear took them out.
+func (a *Actor) reindex(ext uint64) {
+	for {
+		b, ok := a.routerOf[ext]
+		if !ok || b.gen == a.gen {
+			return
+		}
+		b.gen = a.gen
+		a.routerOf[ext] = b
+		a.emit(index.OpStore, b.key)
+		a.stats.BlocksStored.Add(1)
+		if !b.hasParent {
+			return
+		}
+		ext = b.parent
 	}
 }
 
@@ -325,7 +391,7 @@ func (a *Actor) flush() {
 	default:
 		a.stats.DroppedBatches.Add(1)
 		a.resync = true // the next batch that gets through clears the worker first
-		clear(a.routerOf)
+		a.gen++         // the mapping stays true: the engine is the same
 		a.fullSeen = false
 		a.stats.IndexedBlocks.Store(0)
 		if b.Return != nil {

@@ -1,6 +1,7 @@
 package actor
 
 import (
+	"context"
 	"testing"
 
 	"github.com/kvpipe/kvpipe/codec"
@@ -151,12 +152,13 @@ func TestConversion(t *testing.T) {
 			}
 		}
 	})
-	t.Run("unknown parent is a new root, counted", func(t *testing.T) {
+	t.Run("a block with an unknown parent is left out, counted, and so are its children", func(t *testing.T) {
 		h := newHarness(t)
-		toks := tokens(8, 1, 16)
-		h.send(codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{80}, ParentHash: 999, HasParent: true, TokenIDs: toks, BlockSize: 16})
-		if h.a.Stats().UnknownParent.Load() != 1 || len(h.ops) != 1 || h.ops[0].Hash != hasher.Prompt(nil, toks, 16)[0] {
-			t.Errorf("ops %v, unknown_parent %d", h.ops, h.a.Stats().UnknownParent.Load())
+		toks := tokens(8, 2, 16)
+		h.send(codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{80}, ParentHash: 999, HasParent: true, TokenIDs: toks[:16], BlockSize: 16},
+			codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{81}, ParentHash: 80, HasParent: true, TokenIDs: toks[16:], BlockSize: 16})
+		if h.a.Stats().UnknownParent.Load() != 2 || len(h.ops) != 0 {
+			t.Errorf("ops %v, unknown_parent %d; want none and 2", h.ops, h.a.Stats().UnknownParent.Load())
 		}
 	})
 	t.Run("tokens short of the blocks convert up to the last whole block", func(t *testing.T) {
@@ -210,5 +212,65 @@ func TestBadAndUnknownInput(t *testing.T) {
 	st := h.a.Stats()
 	if st.DecodeErrors.Load() != 1 || st.Filtered[UnknownEvent].Load() != 2 || st.Batches.Load() != 2 {
 		t.Errorf("decode_errors %d unknown_event %d batches %d", st.DecodeErrors.Load(), st.Filtered[UnknownEvent].Load(), st.Batches.Load())
+	}
+}
+
+// A worker loses 30 batches while its system prompt stays cached in the
+// engine. After the resync, a new request under that prompt stores only its
+// own blocks (the prompt is a cache hit, never stored again); they must get
+// their true keys and bring the prompt back, so the request matches in full.
+// After a restart the mapping is gone: the same event is left out.
+func TestResyncKeepsThePrefixOfTheSameEngine(t *testing.T) {
+	for _, tc := range []struct {
+		why     wire.ResetReason
+		matched int // blocks of system prompt + question found for the worker
+	}{
+		{wire.ResetGapLost, 6},
+		{wire.ResetHistoryMissing, 6},
+		{wire.ResetRestart, 0},
+		{wire.ResetUnproven, 0},
+	} {
+		t.Run(tc.why.String(), func(t *testing.T) {
+			shards := index.NewShards(2, 4)
+			defer shards.Close()
+			a := New(Config{Worker: 3, BlockSize: 16, Shard: shards.Queue(3)})
+			system, question := tokens(1, 4, 16), tokens(2, 2, 16)
+			batch := func(events ...codec.Event) {
+				a.HandleBatch(0, codec.AppendBatch(nil, &codec.Batch{Events: events}, codec.CurrentVLLM))
+			}
+			batch(codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{100, 101, 102, 103}, TokenIDs: system, BlockSize: 16})
+			for i := range 30 { // other conversations, then lost
+				batch(stored(uint64(200+i), 16))
+			}
+			a.HandleReset(tc.why)
+			batch(codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{300, 301}, ParentHash: 103, HasParent: true,
+				TokenIDs: question, BlockSize: 16})
+			if err := shards.Sync(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			var h index.Hasher
+			keys := h.Prompt(nil, append(append([]uint32{}, system...), question...), 16)
+			got, err := shards.FindMatches(context.Background(), nil, keys)
+			if err != nil {
+				t.Fatal(err)
+			}
+			matched := 0
+			for _, m := range got {
+				if m.Worker == 3 {
+					matched = m.Blocks
+				}
+			}
+			if matched != tc.matched {
+				t.Errorf("after %v: worker matches %d blocks, want %d", tc.why, matched, tc.matched)
+			}
+			if want := int64(tc.matched); a.Stats().IndexedBlocks.Load() != want {
+				t.Errorf("indexed_blocks %d, want %d", a.Stats().IndexedBlocks.Load(), want)
+			}
+			// The 30 lost conversations' blocks are not indexed again.
+			probe := h.Prompt(nil, tokens(200, 1, 16), 16)
+			if got, _ := shards.FindMatches(context.Background(), nil, probe); len(got) != 0 {
+				t.Errorf("a block from before the resync, never stored again, matches: %v", got)
+			}
+		})
 	}
 }
