@@ -12,7 +12,13 @@ Driven over stdin/stdout by the Go interop test, one phase at a time:
     as vLLM's PUB drops past its high-water mark;
   - "flood N" publishes N copies of one pre-packed step (8 BlockStored of 4
     blocks of 16 tokens) as fast as the PUB takes them, for the benchmark;
+  - "chain N BASE" publishes N batches as fast as the PUB takes them, batch i
+    storing block BASE+i under BASE+i-1 (tokens distinct per BASE), answering
+    replays every 64 batches;
   - "restart" closes both sockets and binds them again with seq back at 0;
+  - "restart-ahead N BASE" restarts at once (no pause) and publishes a chain
+    from BASE of N batches more than the old incarnation had sent, so the
+    new seqs are past the old last one before any subscriber is back;
   - "quit" exits. Between commands it keeps answering replay requests.
 """
 import argparse
@@ -32,12 +38,12 @@ def batch(events):
     return msgpack.packb([time.time(), events, 0], use_bin_type=True)
 
 
-def stored(i, block_size):
+def stored(i, block_size, base=1000):
     return {
         "type": "BlockStored",
-        "block_hashes": [1000 + i],
-        "parent_block_hash": None if i == 0 else 999 + i,
-        "token_ids": [(i * block_size + t) % 50000 for t in range(block_size)],
+        "block_hashes": [base + i],
+        "parent_block_hash": None if i == 0 else base + i - 1,
+        "token_ids": [((base - 1000 + i) * block_size + t) % 50000 for t in range(block_size)],
         "block_size": block_size,
         "lora_id": None,
         "medium": "GPU",
@@ -54,6 +60,8 @@ class Engine:
     def bind(self):
         self.pub = self.ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
+        if self.args.hwm:
+            self.pub.setsockopt(zmq.SNDHWM, self.args.hwm)
         self.pub.bind(self.args.endpoint)
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
@@ -110,6 +118,7 @@ def main():
     ap.add_argument("--buffer", type=int, default=10000)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--reply-topic", action="store_true")
+    ap.add_argument("--hwm", type=int, default=0, help="PUB send high-water mark (libzmq's default when 0)")
     args = ap.parse_args()
     engine = Engine(args)
     print("ready", flush=True)
@@ -141,6 +150,20 @@ def main():
                 if i % 64 == 0:  # vLLM answers replays from its own thread
                     engine.serve_replay(0)
             print("published", engine.seq, flush=True)
+        elif cmd[0] == "chain":
+            n, base = int(cmd[1]), int(cmd[2])
+            for i in range(n):
+                engine.publish(batch([stored(i, args.block_size, base)]))
+                if i % 64 == 0:
+                    engine.serve_replay(0)
+            print("published", engine.seq, flush=True)
+        elif cmd[0] == "restart-ahead":
+            n, base = engine.seq + int(cmd[1]), int(cmd[2])
+            engine.close()
+            engine.bind()
+            for i in range(n):
+                engine.publish(batch([stored(i, args.block_size, base)]))
+            print("restarted", engine.seq, flush=True)
         elif cmd == ["restart"]:
             engine.close()
             time.sleep(0.3)
