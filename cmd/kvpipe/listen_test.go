@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,20 +18,29 @@ import (
 
 var freeTCP = ztest.FreeTCP
 
-// kvpipe listen against a vLLM-style libzmq publisher that drops batches on
-// its PUB: with the replay endpoint given, every batch arrives and "lost" is 0.
-func TestListenAgainstLibzmqEngine(t *testing.T) {
-	ep, replay := freeTCP(t), freeTCP(t)
-	engine := enginepeer.Start(t, "../../wire/testdata/engine_pub.py", "--endpoint", ep, "--replay", replay)
-	engine.Expect("ready")
+// listening is a `kvpipe listen --json --events` run against one engine.
+type listening struct {
+	t      *testing.T
+	stdout *bufio.Scanner
+	cancel context.CancelFunc
+	done   chan int
+}
 
+type listenSummary struct {
+	Lost, Events, Replayed, Gaps, Batches, Restarts, Resyncs uint64
+	DecodeErrors                                             uint64 `json:"decode_errors"`
+	IndexedBlocks                                            uint64 `json:"indexed_blocks"`
+	Filtered                                                 map[string]uint64
+}
+
+func startListen(t *testing.T, ep, replay string) *listening {
 	stdoutR, stdoutW := io.Pipe()
 	stderrR, stderrW := io.Pipe()
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan int, 1)
+	t.Cleanup(cancel)
+	l := &listening{t: t, stdout: bufio.NewScanner(stdoutR), cancel: cancel, done: make(chan int, 1)}
 	go func() {
-		done <- run(ctx, []string{"listen", "--endpoint", "engine0=" + ep, "--replay", "engine0=" + replay, "--json", "--events"},
+		l.done <- run(ctx, []string{"listen", "--endpoint", "engine0=" + ep, "--replay", "engine0=" + replay, "--json", "--events"},
 			nil, stdoutW, stderrW)
 		stdoutW.Close()
 		stderrW.Close()
@@ -40,49 +50,91 @@ func TestListenAgainstLibzmqEngine(t *testing.T) {
 		t.Fatalf("stderr: %q, want the first-batch line", stderr.Text())
 	}
 	go io.Copy(io.Discard, stderrR)
-	engine.Send("go")
-	engine.Send("batches 30 2,3,4,17")
-	engine.Expect("published")
+	return l
+}
 
-	stdout := bufio.NewScanner(stdoutR)
-	for stored := 0; stored < 30; {
-		if !stdout.Scan() {
-			t.Fatalf("stdout ended after %d events", stored)
+// stored reads event lines until n BlockStored events have been printed.
+func (l *listening) stored(n int) {
+	l.t.Helper()
+	for stored := 0; stored < n; {
+		if !l.stdout.Scan() {
+			l.t.Fatalf("stdout ended after %d events", stored)
 		}
 		var ev map[string]any
-		if err := json.Unmarshal(stdout.Bytes(), &ev); err != nil {
-			t.Fatalf("event line %q: %v", stdout.Text(), err)
+		if err := json.Unmarshal(l.stdout.Bytes(), &ev); err != nil {
+			l.t.Fatalf("event line %q: %v", l.stdout.Text(), err)
 		}
 		if ev["type"] == "BlockStored" {
 			stored++
 		}
 	}
-	cancel()
-	if !stdout.Scan() {
-		t.Fatal("no summary line")
+}
+
+// stop cancels the run and returns its summary line, parsed.
+func (l *listening) stop() (listenSummary, string) {
+	l.t.Helper()
+	l.cancel()
+	if !l.stdout.Scan() {
+		l.t.Fatal("no summary line")
 	}
-	var sum struct {
-		Lost, Events, Replayed, Gaps, Batches uint64
-		DecodeErrors                          uint64 `json:"decode_errors"`
-		IndexedBlocks                         uint64 `json:"indexed_blocks"`
-		Filtered                              map[string]uint64
+	var sum listenSummary
+	if err := json.Unmarshal(l.stdout.Bytes(), &sum); err != nil {
+		l.t.Fatalf("summary %q: %v", l.stdout.Text(), err)
 	}
-	if err := json.Unmarshal(stdout.Bytes(), &sum); err != nil {
-		t.Fatalf("summary %q: %v", stdout.Text(), err)
+	select {
+	case code := <-l.done:
+		if code != 0 {
+			l.t.Errorf("exit %d", code)
+		}
+	case <-time.After(5 * time.Second):
+		l.t.Fatal("listen did not exit after cancel")
 	}
+	return sum, l.stdout.Text()
+}
+
+// kvpipe listen against a vLLM-style libzmq publisher that drops batches on
+// its PUB: with the replay endpoint given, every batch arrives and "lost" is 0.
+func TestListenAgainstLibzmqEngine(t *testing.T) {
+	ep, replay := freeTCP(t), freeTCP(t)
+	engine := enginepeer.Start(t, "../../wire/testdata/engine_pub.py", "--endpoint", ep, "--replay", replay)
+	engine.Expect("ready")
+	l := startListen(t, ep, replay)
+	engine.Send("go")
+	engine.Send("batches 30 2,3,4,17")
+	engine.Expect("published")
+	l.stored(30)
+	sum, line := l.stop()
 	if sum.Lost != 0 || sum.Events != 30 || sum.Replayed < 4 || sum.Gaps < 1 || sum.DecodeErrors != 0 || sum.IndexedBlocks != 30 {
-		t.Errorf("summary %s: want lost 0, events 30, replayed >= 4, gaps >= 1, no decode errors, 30 indexed blocks", stdout.Text())
+		t.Errorf("summary %s: want lost 0, events 30, replayed >= 4, gaps >= 1, no decode errors, 30 indexed blocks", line)
 	}
 	if len(sum.Filtered) != 6 || sum.Filtered["partial_block"] != 0 {
 		t.Errorf("filtered counts %v: want every reason, all 0", sum.Filtered)
 	}
-	select {
-	case code := <-done:
-		if code != 0 {
-			t.Errorf("exit %d", code)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("listen did not exit after cancel")
+	engine.Send("quit")
+}
+
+// An engine restarted within milliseconds, whose new seqs are past the old
+// last one before listen's SUB is back: one restart, one resync, no loss, and
+// the index holds the new engine's blocks only.
+func TestListenReportsAFastRestart(t *testing.T) {
+	ep, replay := freeTCP(t), freeTCP(t)
+	engine := enginepeer.Start(t, "../../wire/testdata/engine_pub.py", "--endpoint", ep, "--replay", replay)
+	engine.Expect("ready")
+	l := startListen(t, ep, replay)
+	engine.Send("go")
+	engine.Send("chain 10 1000")
+	engine.Expect("published")
+	l.stored(10)
+	engine.Send("restart-ahead 5 5000")
+	line := engine.Expect("restarted")
+	n, err := strconv.Atoi(line[strings.LastIndexByte(line, ' ')+1:])
+	if err != nil {
+		t.Fatal(line)
+	}
+	l.stored(n)
+	sum, text := l.stop()
+	if sum.Restarts != 1 || sum.Resyncs != 1 || sum.Lost != 0 || sum.IndexedBlocks != uint64(n) {
+		t.Errorf("summary %s: want restarts 1, resyncs 1, lost 0, %d indexed blocks", text, n)
 	}
 	engine.Send("quit")
 }

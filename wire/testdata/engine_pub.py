@@ -51,6 +51,19 @@ def stored(i, block_size, base=1000):
     }
 
 
+def bind_soon(sock, endpoint):
+    """Binds as soon as the port is free: libzmq closes sockets in its I/O
+    thread, so a restart within milliseconds may find the old one still bound."""
+    for _ in range(2000):
+        try:
+            return sock.bind(endpoint)
+        except zmq.ZMQError as e:
+            if e.errno != zmq.EADDRINUSE:
+                raise
+            time.sleep(0.001)
+    sock.bind(endpoint)
+
+
 class Engine:
     def __init__(self, args):
         self.args = args
@@ -62,10 +75,10 @@ class Engine:
         self.pub.setsockopt(zmq.LINGER, 0)
         if self.args.hwm:
             self.pub.setsockopt(zmq.SNDHWM, self.args.hwm)
-        self.pub.bind(self.args.endpoint)
+        bind_soon(self.pub, self.args.endpoint)
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
-        self.router.bind(self.args.replay)
+        bind_soon(self.router, self.args.replay)
         self.seq = 0
         self.buffer = []  # (seq, payload), the last --buffer batches
 
