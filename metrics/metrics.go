@@ -40,9 +40,9 @@ func newDesc(name, help string, typ prometheus.ValueType, labels ...string) desc
 
 // Collector turns snapshots into metrics.
 type Collector struct {
-	snapshot                                                         func() Snapshot
-	counters                                                         []workerMetric
-	events, filtered, indexed, connected, queue, nodes, shardUnknown desc
+	snapshot                                                                   func() Snapshot
+	counters                                                                   []workerMetric
+	events, filtered, protocol, indexed, connected, queue, nodes, shardUnknown desc
 }
 
 type workerMetric struct {
@@ -63,24 +63,26 @@ func NewCollector(snapshot func() Snapshot) *Collector {
 	counter("replays_total", "Replay requests sent to the engine's ROUTER.", func(w *Worker) uint64 { return w.Wire.Replays.Load() })
 	counter("replayed_batches_total", "Batches recovered through replay.", func(w *Worker) uint64 { return w.Wire.Replayed.Load() })
 	counter("tail_checks_total", "Replays asked after a quiet spell, to find batches dropped at the end of a burst.", func(w *Worker) uint64 { return w.Wire.TailChecks.Load() })
-	counter("replay_failures_total", "Replays that timed out or could not connect.", func(w *Worker) uint64 { return w.Wire.ReplayFailures.Load() })
-	counter("history_missing_total", "Replays that could no longer go back to the gap.", func(w *Worker) uint64 { return w.Wire.HistoryMissing.Load() })
-	counter("batches_lost_total", "Batches gone for good (no replay, or past the replay buffer).", func(w *Worker) uint64 { return w.Wire.Lost.Load() })
-	counter("live_overflow_total", "Live batches dropped while a replay held them back.", func(w *Worker) uint64 { return w.Wire.LiveOverflow.Load() })
-	counter("publisher_restarts_total", "Times the engine's seq went backwards.", func(w *Worker) uint64 { return w.Wire.Restarts.Load() })
+	counter("replay_failures_total", "Replay requests that timed out or broke after connecting; retried with backoff.", func(w *Worker) uint64 { return w.Wire.ReplayFailures.Load() })
+	counter("replay_unreachable_total", "Replay dials that failed (endpoint down or not speaking ZMTP); backed off, not a loss.", func(w *Worker) uint64 { return w.Wire.ReplayUnreachable.Load() })
+	counter("history_missing_total", "Replays that found the engine no longer held a gap.", func(w *Worker) uint64 { return w.Wire.HistoryMissing.Load() })
+	counter("batches_lost_total", "Batches the engine sent that were never delivered (no replay, past its buffer, or its replay endpoint unreachable past the patience).", func(w *Worker) uint64 { return w.Wire.Lost.Load() })
+	counter("live_overflow_total", "Live batches dropped past MaxReplayBuffer while a replay held them back; replayed later.", func(w *Worker) uint64 { return w.Wire.LiveOverflow.Load() })
+	counter("publisher_restarts_total", "Other publisher incarnations detected (seq back, or a replay that does not hold the last batch as applied).", func(w *Worker) uint64 { return w.Wire.Restarts.Load() })
 	counter("reconnects_total", "SUB sockets rebuilt after a failure or an idle spell.", func(w *Worker) uint64 { return w.Wire.Reconnects.Load() })
 	counter("decode_errors_total", "Payloads that did not decode; the batch is dropped.", func(w *Worker) uint64 { return w.Actor.DecodeErrors.Load() })
 	counter("resyncs_total", "Times the worker's index entries were cleared because history was unknown.", func(w *Worker) uint64 { return w.Actor.Resyncs.Load() })
 	counter("blocks_stored_total", "Router blocks sent to the index as stored.", func(w *Worker) uint64 { return w.Actor.BlocksStored.Load() })
 	counter("blocks_removed_total", "Router blocks sent to the index as removed.", func(w *Worker) uint64 { return w.Actor.BlocksRemoved.Load() })
 	counter("token_mismatch_total", "BlockStored events whose tokens did not cover their blocks.", func(w *Worker) uint64 { return w.Actor.TokenMismatch.Load() })
-	counter("unknown_parent_total", "BlockStored events whose parent was never published; indexed as roots.", func(w *Worker) uint64 { return w.Actor.UnknownParent.Load() })
+	counter("unknown_parent_total", "BlockStored events whose parent the worker never told of; left out of the index.", func(w *Worker) uint64 { return w.Actor.UnknownParent.Load() })
 	counter("unknown_removes_total", "Removed blocks the worker was not known to hold.", func(w *Worker) uint64 { return w.Actor.UnknownRemove.Load() })
 	counter("block_size_warnings_total", "Blocks of another size than the router's, before any full block.", func(w *Worker) uint64 { return w.Actor.SizeWarnings.Load() })
 	counter("dropped_batches_total", "Batches dropped because the shard was behind (Drop backpressure).", func(w *Worker) uint64 { return w.Actor.DroppedBatches.Load() })
 	counter("worker_restarts_total", "Worker goroutines restarted after a panic.", func(w *Worker) uint64 { return w.Restarts })
 	c.events = newDesc("events_received_total", "Events received, by type.", prometheus.CounterValue, "worker", "type")
 	c.filtered = newDesc("filtered_events_total", "Events not indexed, by reason.", prometheus.CounterValue, "worker", "reason")
+	c.protocol = newDesc("protocol_errors_total", "Connections closed because the peer broke ZMTP or the message size limit, by kind.", prometheus.CounterValue, "worker", "kind")
 	c.indexed = newDesc("indexed_blocks", "Blocks the worker holds in the index.", prometheus.GaugeValue, "worker")
 	c.connected = newDesc("connected", "1 while the worker's SUB socket is connected.", prometheus.GaugeValue, "worker")
 	c.queue = newDesc("shard_queue_depth", "Batches waiting at a shard.", prometheus.GaugeValue, "shard")
@@ -90,7 +92,7 @@ func NewCollector(snapshot func() Snapshot) *Collector {
 }
 
 func (c *Collector) all() []desc {
-	out := []desc{c.events, c.filtered, c.indexed, c.connected, c.queue, c.nodes, c.shardUnknown}
+	out := []desc{c.events, c.filtered, c.protocol, c.indexed, c.connected, c.queue, c.nodes, c.shardUnknown}
 	for _, m := range c.counters {
 		out = append(out, m.desc)
 	}
@@ -120,6 +122,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		emit(c.events, float64(w.Actor.Cleared.Load()), w.ID, "AllBlocksCleared")
 		for r := range actor.NumReasons {
 			emit(c.filtered, float64(w.Actor.Filtered[r].Load()), w.ID, r.String())
+		}
+		for k, name := range wire.ProtocolErrorKinds {
+			emit(c.protocol, float64(w.Wire.ProtocolErrors[k].Load()), w.ID, name)
 		}
 		emit(c.indexed, float64(w.Actor.IndexedBlocks.Load()), w.ID)
 		connected := 0.0

@@ -22,11 +22,13 @@ func TestCollectorReadsTheCountersAtScrape(t *testing.T) {
 	ws.Connected.Store(true)
 	as.Filtered[actor.PartialBlock].Add(7)
 	as.IndexedBlocks.Store(12)
+	ws.ProtocolErrors[wire.ProtoOversize].Add(3)
+	ws.ReplayUnreachable.Add(5)
 	want := `
 # HELP kvpipe_seq_gaps_total Jumps in seq: batches lost on the way.
 # TYPE kvpipe_seq_gaps_total counter
 kvpipe_seq_gaps_total{worker="w0"} 4
-# HELP kvpipe_batches_lost_total Batches gone for good (no replay, or past the replay buffer).
+# HELP kvpipe_batches_lost_total Batches the engine sent that were never delivered (no replay, past its buffer, or its replay endpoint unreachable past the patience).
 # TYPE kvpipe_batches_lost_total counter
 kvpipe_batches_lost_total{worker="w0"} 1
 # HELP kvpipe_worker_restarts_total Worker goroutines restarted after a panic.
@@ -53,33 +55,42 @@ kvpipe_shard_queue_depth{shard="0"} 3
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
 		t.Error(err)
 	}
-	if got := filtered(t, reg, "partial_block"); got != 7 {
+	if got := labelled(t, reg, "kvpipe_filtered_events_total", "reason", "partial_block"); got != 7 {
 		t.Errorf("filtered partial_block = %v, want 7", got)
+	}
+	if got := labelled(t, reg, "kvpipe_protocol_errors_total", "kind", "oversize"); got != 3 {
+		t.Errorf("protocol_errors oversize = %v, want 3", got)
+	}
+	if got := labelled(t, reg, "kvpipe_protocol_errors_total", "kind", "handshake_timeout"); got != 0 {
+		t.Errorf("protocol_errors handshake_timeout = %v, want 0", got)
+	}
+	if got := labelled(t, reg, "kvpipe_replay_unreachable_total", "worker", "w0"); got != 5 {
+		t.Errorf("replay_unreachable = %v, want 5", got)
 	}
 	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) != 0 {
 		t.Errorf("lint: %v %v", err, problems)
 	}
 }
 
-// filtered returns the value of filtered_events_total for reason.
-func filtered(t *testing.T, reg *prometheus.Registry, reason string) float64 {
+// labelled returns the value of the counter name whose label has value.
+func labelled(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
 	t.Helper()
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range families {
-		if f.GetName() != "kvpipe_filtered_events_total" {
+		if f.GetName() != name {
 			continue
 		}
 		for _, m := range f.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "reason" && l.GetValue() == reason {
+				if l.GetName() == label && l.GetValue() == value {
 					return m.GetCounter().GetValue()
 				}
 			}
 		}
 	}
-	t.Fatalf("no filtered_events_total{reason=%q}", reason)
+	t.Fatalf("no %s{%s=%q}", name, label, value)
 	return 0
 }

@@ -7,8 +7,10 @@ import (
 	"log"
 	"net/url"
 	"strings"
+	"sync/atomic"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/kvpipe/kvpipe/internal/zmtp"
 )
 
 // ValidateEndpoint checks that ep is a ZMQ endpoint kvpipe can dial:
@@ -91,9 +93,42 @@ func (r *receiver) close() {
 	}
 }
 
+// Protocol error kinds, as counted in Stats.ProtocolErrors.
+const (
+	ProtoGreeting         = iota // not a ZMTP 3.x NULL greeting
+	ProtoOversize                // a frame or message over MaxMessage
+	ProtoBadFlags                // reserved flag bits, or a command with MORE
+	ProtoBadCommand              // no READY first, or a malformed command
+	ProtoHandshakeTimeout        // no READY within HandshakeTimeout
+	NumProtocolErrors
+)
+
+// ProtocolErrorKinds names the protocol error kinds, for metrics labels.
+var ProtocolErrorKinds = [NumProtocolErrors]string{zmtp.KindGreeting, zmtp.KindOversize,
+	zmtp.KindBadFlags, zmtp.KindBadCommand, zmtp.KindHandshakeTimeout}
+
+// guard is what a dial checks the peer against, and where it counts what
+// the peer broke.
+type guard struct {
+	limits zmtp.Limits
+	errors *[NumProtocolErrors]atomic.Uint64
+}
+
+// report is called on zmq4's connection goroutines: it only counts.
+func (g guard) report(kind string, _ error) {
+	for i, k := range ProtocolErrorKinds {
+		if k == kind {
+			g.errors[i].Add(1)
+		}
+	}
+}
+
 // dial creates a socket of the given kind and dials ep once, without zmq4's
-// own retry loop: the caller retries with its own backoff.
-func dial(ctx context.Context, kind zmq4.SocketType, ep string) (zmq4.Socket, error) {
+// own retry loop: the caller retries with its own backoff. The connection
+// goes through the zmtp guard, so a peer can neither make zmq4 allocate
+// past the message limit nor hold the handshake past its timeout.
+func dial(ctx context.Context, kind zmq4.SocketType, ep string, g guard) (zmq4.Socket, error) {
+	ctx = zmtp.WithLimits(ctx, g.limits, g.report)
 	opts := []zmq4.Option{zmq4.WithDialerMaxRetries(0), zmq4.WithLogger(log.New(io.Discard, "", 0))}
 	var s zmq4.Socket
 	switch kind {
@@ -104,7 +139,7 @@ func dial(ctx context.Context, kind zmq4.SocketType, ep string) (zmq4.Socket, er
 	default:
 		return nil, fmt.Errorf("wire: cannot dial a %s socket", kind)
 	}
-	if err := s.Dial(ep); err != nil {
+	if err := s.Dial(zmtp.Endpoint(ep)); err != nil {
 		s.Close()
 		return nil, err
 	}

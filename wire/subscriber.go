@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/kvpipe/kvpipe/internal/pace"
+	"github.com/kvpipe/kvpipe/internal/zmtp"
 )
 
 // Config configures the Subscriber of one worker.
@@ -45,6 +46,14 @@ type Config struct {
 	// dropped and counted (LiveOverflow); they then show as a gap, replayed
 	// in turn while the engine's buffer still holds them.
 	MaxReplayBuffer int
+	// MaxMessage bounds one message from the engine, checked before zmq4
+	// allocates it (default 64 MiB, far above the largest real batch); a
+	// peer that sends more, or breaks ZMTP, loses its connection and is
+	// counted in ProtocolErrors.
+	MaxMessage int64
+	// HandshakeTimeout bounds the ZMTP handshake of each connection
+	// (default 5s): a port that accepts and never speaks costs no more.
+	HandshakeTimeout time.Duration
 	// Logger receives rate-limited warnings; nil discards them.
 	Logger *slog.Logger
 }
@@ -123,7 +132,10 @@ type Stats struct {
 	LiveOverflow      atomic.Uint64 // live batches dropped while a replay ran (replayed later)
 	Restarts          atomic.Uint64 // another publisher incarnation detected
 	Reconnects        atomic.Uint64 // SUB sockets rebuilt after a failure or idle
-	Connected         atomic.Bool
+	// ProtocolErrors counts connections closed because the peer broke ZMTP
+	// or the message limit, by kind (ProtocolErrorKinds).
+	ProtocolErrors [NumProtocolErrors]atomic.Uint64
+	Connected      atomic.Bool
 }
 
 // Subscriber receives one worker's batches. Run it in the goroutine that owns
@@ -163,6 +175,10 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 	return &Subscriber{cfg: cfg, warn: pace.Limiter{Every: time.Second}}, nil
 }
 
+func (s *Subscriber) guard() guard {
+	return guard{limits: zmtp.Limits{MaxMessage: s.cfg.MaxMessage, HandshakeTimeout: s.cfg.HandshakeTimeout}, errors: &s.stats.ProtocolErrors}
+}
+
 // Stats returns the Subscriber's counters.
 func (s *Subscriber) Stats() *Stats { return &s.stats }
 
@@ -195,17 +211,23 @@ func (s *Subscriber) Run(ctx context.Context, h Handler) error {
 			s.stats.Reconnects.Add(1)
 		}
 		connectedBefore = true
-		backoff.Reset()
+		before := s.stats.Batches.Load()
 		err = s.serve(ctx, sub, h)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		s.logf("subscription lost, reconnecting", "endpoint", s.cfg.Endpoint, "err", err)
+		if s.stats.Batches.Load() != before {
+			backoff.Reset() // it worked for a while; a peer that only breaks keeps backing off
+		}
+		if !pace.Sleep(ctx, backoff.Next()) {
+			return ctx.Err()
+		}
 	}
 }
 
 func (s *Subscriber) connect(ctx context.Context) (*receiver, error) {
-	sock, err := dial(ctx, zmq4.Sub, s.cfg.Endpoint)
+	sock, err := dial(ctx, zmq4.Sub, s.cfg.Endpoint, s.guard())
 	if err != nil {
 		return nil, err
 	}
@@ -537,7 +559,7 @@ func parseReply(m zmq4.Msg) (seq uint64, payload []byte, ok bool) {
 // the replay socket first if needed. It reports whether the request went out.
 func (s *Subscriber) request(ctx context.Context, start uint64) bool {
 	if s.dealer == nil {
-		sock, err := dial(ctx, zmq4.Dealer, s.cfg.ReplayEndpoint)
+		sock, err := dial(ctx, zmq4.Dealer, s.cfg.ReplayEndpoint, s.guard())
 		if err != nil {
 			if ctx.Err() == nil {
 				s.stats.ReplayUnreachable.Add(1)
