@@ -19,7 +19,7 @@ const (
 	PartialBlock     Reason = iota // a block smaller than the router's, after this worker sent full ones
 	NonMainAttention               // a sliding-window, Mamba, ... group
 	UnlearnedGroup                 // a nonzero group_idx whose kind was never published
-	LowerTier                      // host or disk tier
+	LowerTier                      // host, disk or remote tier
 	UnknownMedium                  // a medium this version does not know
 	UnknownEvent                   // a tag this version does not know
 	NumReasons

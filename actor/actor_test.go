@@ -100,9 +100,10 @@ func TestNormalisationRules(t *testing.T) {
 			[]codec.Event{stored(1, 16, group(3, ""))}, 0, map[Reason]uint64{UnlearnedGroup: 1}, 0},
 		{"group 0 without a kind is main",
 			[]codec.Event{stored(1, 16, group(0, ""))}, 1, nil, 0},
-		{"host and disk tiers are lower tiers, an unknown medium is counted",
-			[]codec.Event{stored(1, 16, medium("CPU")), stored(2, 16, medium("DISK")), stored(3, 16, medium("TAPE")), stored(4, 16, medium("GPU"))},
-			1, map[Reason]uint64{LowerTier: 2, UnknownMedium: 1}, 0},
+		{"host, disk and remote tiers are lower tiers, an unknown medium is counted",
+			[]codec.Event{stored(1, 16, medium("CPU")), stored(2, 16, medium("DISK")), stored(3, 16, medium("TAPE")), stored(4, 16, medium("GPU")),
+				stored(5, 16, medium("EXTERNAL")), stored(6, 16, medium("CPU_PINNED")), stored(7, 16, medium("STORAGE"))},
+			1, map[Reason]uint64{LowerTier: 5, UnknownMedium: 1}, 0},
 		{"tracking is per event kind: sliding window kind filtered even as group 0",
 			[]codec.Event{stored(1, 16, group(0, "sliding_window"))}, 0, map[Reason]uint64{NonMainAttention: 1}, 0},
 	}

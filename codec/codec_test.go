@@ -293,7 +293,8 @@ func TestSteadyStateDecodeAllocatesNothing(t *testing.T) {
 
 func TestMediumTierAndKind(t *testing.T) {
 	tiers := map[string]Tier{"": TierDevice, "GPU": TierDevice, "CPU": TierHost, "CPU_PINNED": TierHost,
-		"DISK": TierDisk, "NVME": TierDisk, "STORAGE": TierDisk, "TAPE": TierUnknown, "gpu": TierUnknown}
+		"DISK": TierDisk, "NVME": TierDisk, "STORAGE": TierDisk, "EXTERNAL": TierRemote, "REMOTE": TierRemote,
+		"TAPE": TierUnknown, "gpu": TierUnknown}
 	for m, want := range tiers {
 		if got := MediumTier(m); got != want {
 			t.Errorf("MediumTier(%q) = %v, want %v", m, got, want)

@@ -69,33 +69,43 @@ func (e *Event) reset() {
 type Tier uint8
 
 const (
-	TierDevice Tier = iota
-	TierHost
-	TierDisk
-	TierUnknown
+	TierDevice  Tier = iota // accelerator memory: what a prefill reuses directly
+	TierHost                // host memory (CPU offload)
+	TierDisk                // local disk or NVMe
+	TierRemote              // a shared or remote pool
+	TierUnknown             // a medium this version does not know
 )
 
 func (t Tier) String() string {
-	switch t {
-	case TierDevice:
-		return "device"
-	case TierHost:
-		return "host"
-	case TierDisk:
-		return "disk"
-	}
-	return "unknown"
+	return [...]string{"device", "host", "disk", "remote", "unknown"}[t]
 }
 
-// MediumTier maps a medium string to its tier (SPEC section 2).
+// media is every medium the engines are known to publish, with its tier.
+// vLLM: "GPU" (and nil before mediums existed), "CPU" from its offloading
+// connector, storage tiers from offload backends. SGLang: "GPU",
+// "CPU_PINNED" (host cache), "DISK" and "EXTERNAL" (a shared / remote pool,
+// e.g. Mooncake store or 3FS).
+var media = [...]struct {
+	Name string
+	Tier Tier
+}{
+	{"", TierDevice}, // no medium field, or nil: older engines publish device blocks only
+	{"GPU", TierDevice},
+	{"CPU", TierHost},
+	{"CPU_PINNED", TierHost},
+	{"DISK", TierDisk},
+	{"NVME", TierDisk},
+	{"STORAGE", TierDisk},
+	{"EXTERNAL", TierRemote},
+	{"REMOTE", TierRemote},
+}
+
+// MediumTier maps a medium string to its tier (see media).
 func MediumTier(medium string) Tier {
-	switch medium {
-	case "", "GPU":
-		return TierDevice
-	case "CPU", "CPU_PINNED":
-		return TierHost
-	case "DISK", "NVME", "STORAGE":
-		return TierDisk
+	for _, m := range media {
+		if m.Name == medium {
+			return m.Tier
+		}
 	}
 	return TierUnknown
 }
