@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -56,13 +57,15 @@ type Pipeline struct {
 	shards  *index.Shards
 	latency prometheus.Histogram
 	cmds    chan func(*state)
-	// names maps index ids to worker names for FindMatches. The loop
-	// replaces the whole map on every change, so readers need no lock.
-	names atomic.Pointer[map[index.WorkerID]string]
+	// names maps index ids to worker names for FindMatches, and workers
+	// lists the workers for scrapes. The loop replaces both on every change,
+	// so readers need no lock and never wait for the loop.
+	names   atomic.Pointer[map[index.WorkerID]string]
+	workers atomic.Pointer[[]*worker]
 	// wrap, when set (by tests), wraps every worker's handler.
 	wrap     func(wire.Handler) wire.Handler
-	loopDone chan struct{}
-	closed   chan struct{}
+	loopDone chan struct{} // the loop takes no more commands
+	closed   chan struct{} // every goroutine has stopped
 }
 
 // state is owned by the loop goroutine.
@@ -74,6 +77,8 @@ type state struct {
 	workers map[string]*worker
 	nextID  index.WorkerID
 	closing bool
+	// removing waits for removed workers to stop and leave their shards.
+	removing sync.WaitGroup
 }
 
 type worker struct {
@@ -186,20 +191,30 @@ func (p *Pipeline) AddWorker(name, endpoint, replayEndpoint string) error {
 	})
 }
 
-// RemoveWorker stops a worker and frees its index entries.
-func (p *Pipeline) RemoveWorker(name string) error {
-	return p.do(func(s *state) error {
+// RemoveWorker stops a worker and frees its index entries. The worker leaves
+// FindMatches answers at once; RemoveWorker returns once its goroutine has
+// stopped and its entries are freed, or with ctx's error when ctx ends first
+// (the removal then completes in the background).
+func (p *Pipeline) RemoveWorker(ctx context.Context, name string) error {
+	var removed chan struct{}
+	if err := p.do(func(s *state) error {
 		w, ok := s.workers[name]
 		if !ok {
 			return fmt.Errorf("kvpipe: no worker %q", name)
 		}
-		s.stop(w)
-		// The actor has stopped, so nothing follows this in the shard's queue.
-		p.shards.Queue(w.id) <- &index.Batch{Worker: w.id, Ops: []index.Op{{Kind: index.OpRemoveWorker}}}
 		delete(s.workers, name)
 		s.publishNames()
+		removed = s.remove(w)
 		return nil
-	})
+	}); err != nil {
+		return err
+	}
+	select {
+	case <-removed:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // FindMatches hashes a request's tokens into router blocks and returns, for
@@ -257,24 +272,31 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	return nil
 }
 
-// Close stops every worker, lets the shards apply what is queued, and waits
-// for every goroutine. It is safe to call more than once.
-func (p *Pipeline) Close() error {
+// Shutdown stops every worker, lets the shards apply what is queued, and
+// waits for every goroutine, or returns ctx's error when ctx ends first (the
+// shutdown then completes in the background). It is safe to call more than
+// once, and concurrently.
+func (p *Pipeline) Shutdown(ctx context.Context) error {
 	p.do(func(s *state) error { s.closing = true; return nil })
-	<-p.loopDone
-	return nil
+	select {
+	case <-p.closed:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
-// snapshot is the metrics collector's view, taken in the loop goroutine.
+// Close is Shutdown without a deadline.
+func (p *Pipeline) Close() error { return p.Shutdown(context.Background()) }
+
+// snapshot is the metrics collector's view; it reads the published worker
+// list, so a scrape never waits for the loop.
 func (p *Pipeline) snapshot() metrics.Snapshot {
 	var snap metrics.Snapshot
-	p.do(func(s *state) error {
-		for _, w := range s.workers {
-			snap.Workers = append(snap.Workers, metrics.Worker{ID: w.name, Wire: w.sub.Stats(), Actor: w.actor.Stats(),
-				Restarts: w.restarts.Load()})
-		}
-		return nil
-	})
+	for _, w := range *p.workers.Load() {
+		snap.Workers = append(snap.Workers, metrics.Worker{ID: w.name, Wire: w.sub.Stats(), Actor: w.actor.Stats(),
+			Restarts: w.restarts.Load()})
+	}
 	for i := range p.shards.Len() {
 		snap.Shards = append(snap.Shards, metrics.Shard{QueueDepth: p.shards.QueueDepth(i), Nodes: p.shards.Nodes(i),
 			UnknownRemoves: p.shards.UnknownRemoves(i)})
@@ -299,29 +321,35 @@ func (p *Pipeline) WorkerStats() map[string]Stats {
 }
 
 func (s *state) loop() {
-	defer close(s.p.loopDone)
 	for f := range s.p.cmds {
 		f(s)
 		if s.closing {
 			break
 		}
 	}
+	// From here on every call gets ErrClosed at once, however long the
+	// workers take to stop.
+	close(s.p.loopDone)
 	// Shutdown: workers first (they feed the shards), then the shards, which
 	// apply everything still queued before they stop.
 	if s.cancel != nil {
 		s.cancel()
 		s.group.Wait()
 	}
+	s.removing.Wait()
 	s.p.shards.Close()
 	close(s.p.closed)
 }
 
 func (s *state) publishNames() {
 	names := make(map[index.WorkerID]string, len(s.workers))
+	list := make([]*worker, 0, len(s.workers))
 	for name, w := range s.workers {
 		names[w.id] = name
+		list = append(list, w)
 	}
 	s.p.names.Store(&names)
+	s.p.workers.Store(&list)
 }
 
 func (s *state) start(w *worker) {
@@ -334,11 +362,22 @@ func (s *state) start(w *worker) {
 	})
 }
 
-func (s *state) stop(w *worker) {
+// remove stops w without waiting for it: a goroutine waits for the worker
+// to stop, then frees its entries in its shard (nothing of the worker can
+// follow in the shard's queue by then). The returned channel closes then.
+func (s *state) remove(w *worker) chan struct{} {
+	removed := make(chan struct{})
 	if w.cancel != nil {
 		w.cancel()
-		<-w.done
 	}
+	s.removing.Go(func() {
+		defer close(removed)
+		if w.done != nil {
+			<-w.done
+		}
+		s.p.shards.Queue(w.id) <- &index.Batch{Worker: w.id, Ops: []index.Op{{Kind: index.OpRemoveWorker}}}
+	})
+	return removed
 }
 
 // supervise runs a worker until ctx ends, restarting it with backoff when it

@@ -134,14 +134,14 @@ func TestFindMatchesAcrossWorkersAndRemove(t *testing.T) {
 		s := scores(t, p, append(append([]uint32{}, shared...), prompt(3, 2)...))
 		return s["a"] == 4 && s["b"] == 2 && len(s) == 2
 	})
-	if err := p.RemoveWorker("a"); err != nil {
+	if err := p.RemoveWorker(context.Background(), "a"); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "a gone", nil, func() bool {
 		s := scores(t, p, shared)
 		return len(s) == 1 && s["b"] == 2
 	})
-	if err := p.RemoveWorker("a"); err == nil {
+	if err := p.RemoveWorker(context.Background(), "a"); err == nil {
 		t.Error("removing a removed worker: no error")
 	}
 }
@@ -365,11 +365,11 @@ func TestWorkersChurnWhileQuerying(t *testing.T) {
 			e.store(prompt(1, 3), 16)
 		}
 		for i := range engines[:3] {
-			if err := p.RemoveWorker(string(rune('a' + i))); err != nil {
+			if err := p.RemoveWorker(context.Background(), string(rune('a'+i))); err != nil {
 				t.Fatalf("round %d: %v", round, err)
 			}
 		}
-		if err := p.RemoveWorker("d"); err != nil {
+		if err := p.RemoveWorker(context.Background(), "d"); err != nil {
 			t.Fatal(err)
 		}
 	}

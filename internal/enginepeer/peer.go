@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -40,6 +41,7 @@ func Missing(t testing.TB, what string) {
 // its stdout lines on Lines.
 type Peer struct {
 	t     testing.TB
+	cmd   *exec.Cmd
 	stdin io.WriteCloser
 	Lines chan string
 }
@@ -60,7 +62,7 @@ func Start(t testing.TB, script string, args ...string) *Peer {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &Peer{t: t, stdin: stdin, Lines: make(chan string, 1024)}
+	p := &Peer{t: t, cmd: cmd, stdin: stdin, Lines: make(chan string, 1024)}
 	go func() {
 		defer close(p.Lines)
 		sc := bufio.NewScanner(stdout)
@@ -69,6 +71,7 @@ func Start(t testing.TB, script string, args ...string) *Peer {
 		}
 	}()
 	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGCONT) // a test may have stopped it
 		stdin.Close()
 		done := make(chan error, 1)
 		go func() { done <- cmd.Wait() }()
@@ -82,6 +85,14 @@ func Start(t testing.TB, script string, args ...string) *Peer {
 		}
 	})
 	return p
+}
+
+// Signal sends sig to the peer's process, e.g. SIGSTOP to freeze an engine
+// with its sockets open (Start's cleanup continues it).
+func (p *Peer) Signal(sig os.Signal) {
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		p.t.Fatal(err)
+	}
 }
 
 // Send writes one command line.

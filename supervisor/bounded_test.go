@@ -1,0 +1,108 @@
+package supervisor
+
+import (
+	"context"
+	"net"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// rawListener accepts TCP connections, writes script to each, and then
+// neither reads nor writes, as a wrong port, a hung process or a peer that
+// stops mid-handshake does.
+func rawListener(t *testing.T, script []byte) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				c.Write(script)
+				<-done
+				c.Close()
+			})
+		}
+	})
+	t.Cleanup(func() {
+		close(done)
+		l.Close()
+		wg.Wait()
+	})
+	return "tcp://" + l.Addr().String()
+}
+
+// within fails the test unless f returns within d.
+func within(t *testing.T, what string, d time.Duration, f func()) {
+	t.Helper()
+	start := time.Now()
+	f()
+	if took := time.Since(start); took > d {
+		t.Errorf("%s took %v, want at most %v", what, took.Round(time.Millisecond), d)
+	}
+}
+
+// Peers that accept and never speak, stop mid-handshake, or are frozen with
+// SIGSTOP after the handshake must not hold up any public call.
+func TestPublicCallsAreBoundedAgainstStuckPeers(t *testing.T) {
+	engine, ep, replay := startPyEngine(t)
+	silent := rawListener(t, nil)
+	half := rawListener(t, []byte{0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f}) // the first 10 greeting bytes, then nothing
+	reg := prometheus.NewRegistry()
+	p := startPipeline(t, Config{Registry: reg})
+	for name, eps := range map[string][2]string{"frozen": {ep, replay}, "silent": {silent, silent}, "half": {half, half}} {
+		if err := p.AddWorker(name, eps[0], eps[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "the engine's subscription", nil, func() bool { return p.WorkerStats()["frozen"].Wire.Batches.Load() > 0 })
+	engine.Signal(syscall.SIGSTOP)
+	time.Sleep(50 * time.Millisecond) // the stuck dials are under way
+
+	const bound = time.Second
+	within(t, "AddWorker", bound, func() {
+		if err := p.AddWorker("late", silent, ""); err != nil {
+			t.Error(err)
+		}
+	})
+	within(t, "WorkerStats", bound, func() {
+		if got := len(p.WorkerStats()); got != 4 {
+			t.Errorf("%d workers, want 4", got)
+		}
+	})
+	within(t, "a metrics scrape", bound, func() {
+		if _, err := reg.Gather(); err != nil {
+			t.Error(err)
+		}
+	})
+	within(t, "FindMatches", bound, func() { scores(t, p, chain(1000, 4)) })
+	for _, name := range []string{"frozen", "silent", "half"} {
+		within(t, "RemoveWorker "+name, bound, func() {
+			ctx, cancel := context.WithTimeout(context.Background(), bound)
+			defer cancel()
+			if err := p.RemoveWorker(ctx, name); err != nil {
+				t.Errorf("RemoveWorker %s: %v", name, err)
+			}
+		})
+	}
+	within(t, "Shutdown", bound, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), bound)
+		defer cancel()
+		if err := p.Shutdown(ctx); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+	})
+	engine.Signal(syscall.SIGCONT)
+	engine.Send("quit")
+}
