@@ -61,6 +61,10 @@ type Stats struct {
 	UnknownRemove, SizeWarnings  atomic.Uint64
 	Resyncs, DroppedBatches      atomic.Uint64
 	IndexedBlocks                atomic.Int64 // blocks this worker holds in the index
+	// Partial: the index may lack blocks the engine holds, because the
+	// stream since the start or the last reset did not begin from an empty
+	// cache (seq 0 of an incarnation, or an AllBlocksCleared).
+	Partial atomic.Bool
 }
 
 // block is what the actor knows of one engine block.
@@ -90,6 +94,7 @@ type Actor struct {
 	free    chan *index.Batch
 	out     *index.Batch // being filled; nil until the first op
 	resync  bool         // a dropped batch left the index behind: clear first
+	fresh   bool         // no batch since the start or the last reset
 
 	// routerOf maps the engine's block hash to the router's, for chaining
 	// parents and for removes. It survives a resync within one engine
@@ -117,6 +122,8 @@ func New(cfg Config) *Actor {
 	for range poolSize {
 		a.free <- &index.Batch{Worker: cfg.Worker, Return: a.free}
 	}
+	a.fresh = true
+	a.stats.Partial.Store(true)
 	return a
 }
 
@@ -129,6 +136,12 @@ var _ wire.Handler = (*Actor)(nil)
 // the resulting ops to the shard.
 func (a *Actor) HandleBatch(seq uint64, payload []byte) {
 	a.stats.Batches.Add(1)
+	if a.fresh {
+		a.fresh = false
+		if seq == 0 { // an incarnation's first batch: its cache started empty
+			a.stats.Partial.Store(false)
+		}
+	}
 	if err := a.decoder.Decode(payload, &a.batch); err != nil {
 		a.stats.DecodeErrors.Add(1)
 		a.warnf("batch dropped: bad payload", "seq", seq, "err", err)
@@ -155,6 +168,8 @@ func (a *Actor) HandleReset(reason wire.ResetReason) {
 	} else {
 		a.clear()
 	}
+	a.fresh = true
+	a.stats.Partial.Store(true)
 	a.flush()
 }
 
@@ -167,6 +182,7 @@ func (a *Actor) Recover() {
 	}
 	clear(a.mainGroup)
 	a.stats.Resyncs.Add(1)
+	a.stats.Partial.Store(true)
 	a.clear()
 	a.flush()
 }
@@ -201,6 +217,7 @@ func (a *Actor) apply(e *codec.Event) {
 			return
 		}
 		a.clear()
+		a.stats.Partial.Store(false) // the engine's cache is empty: nothing is missing now
 	}
 }
 
@@ -394,6 +411,7 @@ func (a *Actor) flush() {
 		a.gen++         // the mapping stays true: the engine is the same
 		a.fullSeen = false
 		a.stats.IndexedBlocks.Store(0)
+		a.stats.Partial.Store(true)
 		if b.Return != nil {
 			b.Ops = b.Ops[:0]
 			a.free <- b

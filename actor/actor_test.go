@@ -275,3 +275,53 @@ func TestResyncKeepsThePrefixOfTheSameEngine(t *testing.T) {
 		})
 	}
 }
+
+// A worker is partial unless its stream since the start or the last reset
+// began from an empty engine cache.
+func TestPartial(t *testing.T) {
+	batch := func(a *Actor, seq uint64, events ...codec.Event) {
+		a.HandleBatch(seq, codec.AppendBatch(nil, &codec.Batch{Events: events}, codec.CurrentVLLM))
+	}
+	steps := []struct {
+		name string
+		do   func(a *Actor)
+		want bool
+	}{
+		{"joined at seq 0: complete", func(a *Actor) { batch(a, 0, stored(1, 16)) }, false},
+		{"a live gap reset", func(a *Actor) { a.HandleReset(wire.ResetGapLost) }, true},
+		{"the stream goes on past the gap", func(a *Actor) { batch(a, 9, stored(2, 16)) }, true},
+		{"the engine clears its cache", func(a *Actor) { batch(a, 10, cleared()) }, false},
+		{"a restart", func(a *Actor) { a.HandleReset(wire.ResetRestart) }, true},
+		{"the new incarnation from its first batch", func(a *Actor) { batch(a, 0, stored(3, 16)) }, false},
+		{"a lower-tier clear does not make it complete", func(a *Actor) {
+			a.HandleReset(wire.ResetHistoryMissing)
+			batch(a, 4, codec.Event{Type: codec.AllBlocksCleared, Medium: "CPU"})
+		}, true},
+		{"a panic recovered", func(a *Actor) { batch(a, 5, cleared()); a.Recover() }, true},
+	}
+	ch := make(chan *index.Batch, 64)
+	a := New(Config{Worker: 1, BlockSize: 16, Shard: ch})
+	go func() {
+		for b := range ch {
+			if b.Return != nil {
+				b.Ops = b.Ops[:0]
+				b.Return <- b
+			}
+		}
+	}()
+	defer close(ch)
+	if !a.Stats().Partial.Load() {
+		t.Fatal("a new actor is complete before any batch")
+	}
+	for _, st := range steps {
+		st.do(a)
+		if got := a.Stats().Partial.Load(); got != st.want {
+			t.Errorf("%s: partial %v, want %v", st.name, got, st.want)
+		}
+	}
+	late := New(Config{Worker: 2, BlockSize: 16, Shard: ch})
+	batch(late, 1234, stored(4, 16))
+	if !late.Stats().Partial.Load() {
+		t.Error("an actor that joined at seq 1234 is complete")
+	}
+}

@@ -40,9 +40,9 @@ func newDesc(name, help string, typ prometheus.ValueType, labels ...string) desc
 
 // Collector turns snapshots into metrics.
 type Collector struct {
-	snapshot                                                                   func() Snapshot
-	counters                                                                   []workerMetric
-	events, filtered, protocol, indexed, connected, queue, nodes, shardUnknown desc
+	snapshot                                                                            func() Snapshot
+	counters                                                                            []workerMetric
+	events, filtered, protocol, indexed, partial, connected, queue, nodes, shardUnknown desc
 }
 
 type workerMetric struct {
@@ -84,6 +84,7 @@ func NewCollector(snapshot func() Snapshot) *Collector {
 	c.filtered = newDesc("filtered_events_total", "Events not indexed, by reason.", prometheus.CounterValue, "worker", "reason")
 	c.protocol = newDesc("protocol_errors_total", "Connections closed because the peer broke ZMTP or the message size limit, by kind.", prometheus.CounterValue, "worker", "kind")
 	c.indexed = newDesc("indexed_blocks", "Blocks the worker holds in the index.", prometheus.GaugeValue, "worker")
+	c.partial = newDesc("partial", "1 while the worker's entries may lack blocks its engine holds (after a resync, or a late start).", prometheus.GaugeValue, "worker")
 	c.connected = newDesc("connected", "1 while the worker's SUB socket is connected.", prometheus.GaugeValue, "worker")
 	c.queue = newDesc("shard_queue_depth", "Batches waiting at a shard.", prometheus.GaugeValue, "shard")
 	c.nodes = newDesc("index_nodes", "Live nodes in a shard's tree.", prometheus.GaugeValue, "shard")
@@ -92,7 +93,7 @@ func NewCollector(snapshot func() Snapshot) *Collector {
 }
 
 func (c *Collector) all() []desc {
-	out := []desc{c.events, c.filtered, c.protocol, c.indexed, c.connected, c.queue, c.nodes, c.shardUnknown}
+	out := []desc{c.events, c.filtered, c.protocol, c.indexed, c.partial, c.connected, c.queue, c.nodes, c.shardUnknown}
 	for _, m := range c.counters {
 		out = append(out, m.desc)
 	}
@@ -127,11 +128,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			emit(c.protocol, float64(w.Wire.ProtocolErrors[k].Load()), w.ID, name)
 		}
 		emit(c.indexed, float64(w.Actor.IndexedBlocks.Load()), w.ID)
-		connected := 0.0
-		if w.Wire.Connected.Load() {
-			connected = 1
-		}
-		emit(c.connected, connected, w.ID)
+		emit(c.partial, gauge(w.Actor.Partial.Load()), w.ID)
+		emit(c.connected, gauge(w.Wire.Connected.Load()), w.ID)
 	}
 	for i, s := range snap.Shards {
 		id := strconv.Itoa(i)
@@ -139,6 +137,13 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		emit(c.nodes, float64(s.Nodes), id)
 		emit(c.shardUnknown, float64(s.UnknownRemoves), id)
 	}
+}
+
+func gauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // NewFindMatchesHistogram is the latency of FindMatches, in seconds.

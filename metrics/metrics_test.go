@@ -24,6 +24,7 @@ func TestCollectorReadsTheCountersAtScrape(t *testing.T) {
 	as.IndexedBlocks.Store(12)
 	ws.ProtocolErrors[wire.ProtoOversize].Add(3)
 	ws.ReplayUnreachable.Add(5)
+	as.Partial.Store(true)
 	want := `
 # HELP kvpipe_seq_gaps_total Jumps in seq: batches lost on the way.
 # TYPE kvpipe_seq_gaps_total counter
@@ -64,6 +65,9 @@ kvpipe_shard_queue_depth{shard="0"} 3
 	if got := labelled(t, reg, "kvpipe_protocol_errors_total", "kind", "handshake_timeout"); got != 0 {
 		t.Errorf("protocol_errors handshake_timeout = %v, want 0", got)
 	}
+	if got := labelled(t, reg, "kvpipe_partial", "worker", "w0"); got != 1 {
+		t.Errorf("partial = %v, want 1", got)
+	}
 	if got := labelled(t, reg, "kvpipe_replay_unreachable_total", "worker", "w0"); got != 5 {
 		t.Errorf("replay_unreachable = %v, want 5", got)
 	}
@@ -72,7 +76,7 @@ kvpipe_shard_queue_depth{shard="0"} 3
 	}
 }
 
-// labelled returns the value of the counter name whose label has value.
+// labelled returns the value of the counter or gauge name whose label has value.
 func labelled(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
 	t.Helper()
 	families, err := reg.Gather()
@@ -86,7 +90,7 @@ func labelled(t *testing.T, reg *prometheus.Registry, name, label, value string)
 		for _, m := range f.GetMetric() {
 			for _, l := range m.GetLabel() {
 				if l.GetName() == label && l.GetValue() == value {
-					return m.GetCounter().GetValue()
+					return m.GetCounter().GetValue() + m.GetGauge().GetValue() // whichever it is
 				}
 			}
 		}

@@ -44,6 +44,11 @@ type Config struct {
 type Match struct {
 	Worker string
 	Blocks int
+	// Partial: the worker's entries may lack blocks its engine holds (it
+	// was resynced, or kvpipe joined its stream late), so Blocks may be low;
+	// a router may weigh it. It clears once the worker's history is whole
+	// again (a new incarnation from its first batch, or a cache clear).
+	Partial bool
 }
 
 // ErrClosed is returned once the pipeline is closed.
@@ -60,7 +65,7 @@ type Pipeline struct {
 	// names maps index ids to worker names for FindMatches, and workers
 	// lists the workers for scrapes. The loop replaces both on every change,
 	// so readers need no lock and never wait for the loop.
-	names   atomic.Pointer[map[index.WorkerID]string]
+	names   atomic.Pointer[map[index.WorkerID]*worker]
 	workers atomic.Pointer[[]*worker]
 	// wrap, when set (by tests), wraps every worker's handler.
 	wrap     func(wire.Handler) wire.Handler
@@ -241,8 +246,8 @@ func (p *Pipeline) FindMatchesKeys(ctx context.Context, keys []uint64) ([]Match,
 	names := *p.names.Load()
 	matches := make([]Match, 0, len(scores))
 	for _, sc := range scores {
-		if name, ok := names[sc.Worker]; ok { // a worker removed meanwhile is left out
-			matches = append(matches, Match{Worker: name, Blocks: sc.Blocks})
+		if w, ok := names[sc.Worker]; ok { // a worker removed meanwhile is left out
+			matches = append(matches, Match{Worker: w.name, Blocks: sc.Blocks, Partial: w.actor.Stats().Partial.Load()})
 		}
 	}
 	return matches, nil
@@ -342,10 +347,10 @@ func (s *state) loop() {
 }
 
 func (s *state) publishNames() {
-	names := make(map[index.WorkerID]string, len(s.workers))
+	names := make(map[index.WorkerID]*worker, len(s.workers))
 	list := make([]*worker, 0, len(s.workers))
-	for name, w := range s.workers {
-		names[w.id] = name
+	for _, w := range s.workers {
+		names[w.id] = w
 		list = append(list, w)
 	}
 	s.p.names.Store(&names)

@@ -386,3 +386,37 @@ func TestWorkersChurnWhileQuerying(t *testing.T) {
 		t.Errorf("%d workers left, want 1", got)
 	}
 }
+
+// A worker whose stream kvpipe has from the engine's first batch is complete;
+// after a loss its matches say partial.
+func TestMatchSaysPartialAfterALoss(t *testing.T) {
+	e := newEngine(t)
+	p := startPipeline(t, Config{})
+	if err := p.AddWorker("w", e.ep, e.replay); err != nil {
+		t.Fatal(err)
+	}
+	system := prompt(1, 4)
+	match := func() Match {
+		ms, err := p.FindMatches(context.Background(), system)
+		if err != nil || len(ms) != 1 {
+			return Match{}
+		}
+		return ms[0]
+	}
+	e.store(system, 16) // seq 0: the replay at connect brings it even if the PUB dropped it
+	eventually(t, "the first batch indexed", nil, func() bool { return match().Blocks == 4 })
+	if m := match(); m.Partial {
+		t.Errorf("%+v: partial although the stream began at seq 0", m)
+	}
+	e.pub.SkipSeq() // a failed publish: a gap no replay can fill
+	e.parent = 0
+	e.store(prompt(2, 2), 16)
+	eventually(t, "the loss seen", nil, func() bool { return p.WorkerStats()["w"].Wire.HistoryMissing.Load() == 1 })
+	if got := scores(t, p, prompt(2, 2))["w"]; got != 2 {
+		t.Errorf("the batch after the loss matches %d blocks, want 2", got)
+	}
+	ms, _ := p.FindMatches(context.Background(), prompt(2, 2))
+	if len(ms) != 1 || !ms[0].Partial {
+		t.Errorf("matches %+v after a loss, want one partial", ms)
+	}
+}
