@@ -387,3 +387,66 @@ func TestReplayWithAHoleAsksAgain(t *testing.T) {
 		t.Errorf("lost %d, replay failures %d, restarts %d; want 0", st.Lost.Load(), st.ReplayFailures.Load(), st.Restarts.Load())
 	}
 }
+
+// Shutting down while a replay waits for its answer is not a loss: no
+// reset, no lost batch, no failure counted.
+func TestCancelDuringAReplayIsNotALoss(t *testing.T) {
+	ep, replay := freeTCP(t), freeTCP(t)
+	pub := newPublisher(t, PublisherConfig{Endpoint: ep})
+	defer pub.Close()
+	ctx, cancelRouter := context.WithCancel(context.Background())
+	defer cancelRouter()
+	router := zmq4.NewRouter(ctx)
+	if err := router.Listen(replay); err != nil {
+		t.Fatal(err)
+	}
+	defer router.Close()
+	requests := make(chan zmq4.Msg, 16)
+	go func() { // answers nothing after the first request's empty buffer
+		for {
+			m, err := router.Recv()
+			if err != nil {
+				close(requests)
+				return
+			}
+			requests <- m
+			if len(requests) == 1 {
+				router.Send(zmq4.NewMsgFrom(m.Frames[0], nil, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, nil))
+			}
+		}
+	}()
+	s, err := NewSubscriber(Config{Endpoint: ep, ReplayEndpoint: replay, TailCheck: -1, ReplayTimeout: time.Minute,
+		ReconnectMin: 20 * time.Millisecond, ReconnectMax: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder()
+	runCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(runCtx, rec) }()
+	syncUp(t, pub, rec)
+	<-requests // the replay at connect
+	pub.Drop(body(0))
+	pub.Publish(body(1))
+	select {
+	case <-requests: // the gap's replay is waiting for its answer
+	case <-time.After(10 * time.Second):
+		t.Fatal("no replay request for the gap")
+	}
+	cancel()
+	if err := <-done; err != context.Canceled {
+		t.Fatalf("Run returned %v", err)
+	}
+	for len(rec.calls) > 0 {
+		if c := <-rec.calls; c.reset {
+			t.Errorf("a reset (%v) on shutdown", c.why)
+		}
+	}
+	if st := s.Stats(); st.Lost.Load() != 0 || st.ReplayFailures.Load() != 0 || st.ReplayUnreachable.Load() != 0 {
+		t.Errorf("lost %d, replay failures %d, unreachable %d; want 0", st.Lost.Load(), st.ReplayFailures.Load(), st.ReplayUnreachable.Load())
+	}
+	cancelRouter()
+	router.Close()
+	for range requests {
+	}
+}
