@@ -65,6 +65,10 @@ type Stats struct {
 	// stream since the start or the last reset did not begin from an empty
 	// cache (seq 0 of an incarnation, or an AllBlocksCleared).
 	Partial atomic.Bool
+	// SnapshotBlocks are blocks an engine snapshot put back into the index;
+	// SnapshotUnmapped the ones it named that this worker never told of
+	// (no tokens in a snapshot: their keys cannot be computed).
+	SnapshotBlocks, SnapshotUnmapped atomic.Uint64
 }
 
 // block is what the actor knows of one engine block.
@@ -110,6 +114,9 @@ type Actor struct {
 	// mainGroup: what each group_idx was learned to be.
 	mainGroup map[int]bool
 	warn      pace.Limiter
+
+	snapBlocks []codec.SnapshotBlock // reused across chunks
+	snapWhole  bool                  // the snapshot being applied mapped every block so far
 }
 
 // New returns the actor of one worker.
@@ -130,7 +137,7 @@ func New(cfg Config) *Actor {
 // Stats returns the actor's counters.
 func (a *Actor) Stats() *Stats { return &a.stats }
 
-var _ wire.Handler = (*Actor)(nil)
+var _ wire.SnapshotHandler = (*Actor)(nil)
 
 // HandleBatch decodes one batch, filters and converts its events, and sends
 // the resulting ops to the shard.
@@ -184,6 +191,55 @@ func (a *Actor) Recover() {
 	a.stats.Resyncs.Add(1)
 	a.stats.Partial.Store(true)
 	a.clear()
+	a.flush()
+}
+
+// HandleSnapshotBegin starts rebuilding the worker from its engine's
+// snapshot: its entries go, what is known of its blocks stays.
+func (a *Actor) HandleSnapshotBegin() {
+	a.unindex()
+	a.snapWhole = true
+	a.flush()
+}
+
+// HandleSnapshot puts the blocks of one snapshot chunk back into the index,
+// under the keys learned from their BlockStored events.
+func (a *Actor) HandleSnapshot(chunk []byte) {
+	var err error
+	if a.snapBlocks, err = a.decoder.DecodeSnapshotChunk(chunk, a.snapBlocks); err != nil {
+		a.stats.DecodeErrors.Add(1)
+		a.snapWhole = false
+		a.warnf("snapshot chunk dropped: bad payload", "err", err)
+		return
+	}
+	for i := range a.snapBlocks {
+		for _, ext := range a.snapBlocks[i].Hashes {
+			b, ok := a.routerOf[ext]
+			if !ok {
+				a.stats.SnapshotUnmapped.Add(1)
+				a.snapWhole = false
+				continue
+			}
+			if b.gen != a.gen {
+				b.gen = a.gen
+				a.routerOf[ext] = b
+				a.emit(index.OpStore, b.key)
+				a.stats.BlocksStored.Add(1)
+				a.stats.SnapshotBlocks.Add(1)
+			}
+		}
+	}
+	a.flush()
+}
+
+// HandleSnapshotEnd: a whole snapshot, every block mapped, makes the worker
+// complete; a broken one leaves nothing of itself.
+func (a *Actor) HandleSnapshotEnd(ok bool) {
+	if !ok {
+		a.unindex()
+	} else if a.snapWhole {
+		a.stats.Partial.Store(false)
+	}
 	a.flush()
 }
 

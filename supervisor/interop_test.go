@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"context"
 	"strconv"
 	"strings"
 	"testing"
@@ -108,4 +109,98 @@ func TestInteropFloodAtHWM1LosesNothing(t *testing.T) {
 		})
 	}
 	t.Logf("%d runs in %v", runs, time.Since(start).Round(time.Millisecond))
+}
+
+// An SGLang publisher with snapshots (wire/testdata/sglang_pub.py, the C
+// libzmq underneath): after a loss past its replay buffer the worker is
+// rebuilt from the engine's snapshot, so a cached prefix that is never
+// stored again matches again; blocks the snapshot names but kvpipe never saw
+// are counted and leave the worker partial. A restart shows as a new epoch.
+func TestInteropSGLangSnapshotAfterALoss(t *testing.T) {
+	ep, replay, snap := freeTCP(t), freeTCP(t), freeTCP(t)
+	engine := enginepeer.Start(t, "../wire/testdata/sglang_pub.py", "--endpoint", ep, "--replay", replay,
+		"--snapshot", snap, "--buffer", "20")
+	engine.Expect("ready")
+	cfg := Config{}
+	cfg.Wire.TailCheck = 100 * time.Millisecond
+	p := startPipeline(t, cfg)
+	if err := p.AddWorker("w", ep, replay, WithSnapshotEndpoint(snap)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the subscription", nil, func() bool { return p.WorkerStats()["w"].Wire.Batches.Load() > 0 })
+	engine.Send("go")
+	engine.Send("batches 30 1000")
+	engine.Expect("published")
+	system := chain(1000, 30)
+	eventually(t, "the first chain indexed", nil, func() bool { return scores(t, p, system)["w"] == 30 })
+
+	// 50 batches the PUB drops, 30 more than the replay buffer holds.
+	drop := make([]string, 50)
+	for i := range drop {
+		drop[i] = strconv.Itoa(i)
+	}
+	engine.Send("batches 50 5000 " + strings.Join(drop, ","))
+	engine.Expect("published")
+	st := p.WorkerStats()["w"]
+	eventually(t, "the snapshot applied", nil, func() bool { return st.Wire.Snapshots.Load() == 1 })
+	if got := scores(t, p, system)["w"]; got != 30 {
+		t.Errorf("after the snapshot the cached chain matches %d blocks, want 30", got)
+	}
+	if st.Actor.SnapshotBlocks.Load() != 30 || st.Actor.SnapshotUnmapped.Load() != 50 || st.Wire.HistoryMissing.Load() != 1 {
+		t.Errorf("snapshot blocks %d, unmapped %d, history missing %d; want 30, 50, 1",
+			st.Actor.SnapshotBlocks.Load(), st.Actor.SnapshotUnmapped.Load(), st.Wire.HistoryMissing.Load())
+	}
+	ms, _ := p.FindMatches(context.Background(), system)
+	if len(ms) != 1 || !ms[0].Partial {
+		t.Errorf("matches %+v: want the worker partial, 50 of its blocks unknown", ms)
+	}
+	// The stream goes on after the barrier.
+	engine.Send("batches 5 9000")
+	engine.Expect("published")
+	eventually(t, "batches after the barrier", nil, func() bool { return scores(t, p, chain(9000, 5))["w"] == 5 })
+
+	engine.Send("restart")
+	engine.Expect("restarted")
+	engine.Send("go")
+	engine.Send("batches 10 7000")
+	engine.Expect("published")
+	eventually(t, "the new incarnation indexed", nil, func() bool { return scores(t, p, chain(7000, 10))["w"] == 10 })
+	if got := scores(t, p, system)["w"]; got != 0 {
+		t.Errorf("after a restart the old chain still matches %d blocks", got)
+	}
+	if got := st.Wire.Restarts.Load(); got != 1 {
+		t.Errorf("restarts %d, want 1", got)
+	}
+	if ms, _ := p.FindMatches(context.Background(), chain(7000, 10)); len(ms) != 1 || ms[0].Partial {
+		t.Errorf("matches %+v: the new incarnation, replayed from seq 0, is complete", ms)
+	}
+	engine.Send("quit")
+}
+
+// A snapshot the engine refuses costs nothing but the snapshot: counted, the
+// worker stays partial and goes on.
+func TestInteropSGLangSnapshotRefused(t *testing.T) {
+	ep, replay, snap := freeTCP(t), freeTCP(t), freeTCP(t)
+	engine := enginepeer.Start(t, "../wire/testdata/sglang_pub.py", "--endpoint", ep, "--replay", replay,
+		"--snapshot", snap, "--buffer", "5")
+	engine.Expect("ready")
+	p := startPipeline(t, Config{})
+	if err := p.AddWorker("w", ep, replay, WithSnapshotEndpoint(snap)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the subscription", nil, func() bool { return p.WorkerStats()["w"].Wire.Batches.Load() > 0 })
+	engine.Send("go")
+	engine.Send("snapshot-busy")
+	engine.Expect("armed")
+	engine.Send("batches 20 1000 0,1,2,3,4,5,6,7,8,9")
+	engine.Expect("published")
+	st := p.WorkerStats()["w"]
+	eventually(t, "the refusal counted", nil, func() bool { return st.Wire.SnapshotFailures.Load() == 1 })
+	engine.Send("batches 3 8000")
+	engine.Expect("published")
+	eventually(t, "later batches indexed", nil, func() bool { return scores(t, p, chain(8000, 3))["w"] == 3 })
+	if st.Wire.Snapshots.Load() != 0 || !st.Actor.Partial.Load() {
+		t.Errorf("snapshots %d, partial %v; want 0 and true", st.Wire.Snapshots.Load(), st.Actor.Partial.Load())
+	}
+	engine.Send("quit")
 }

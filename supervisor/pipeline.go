@@ -162,14 +162,31 @@ func (p *Pipeline) do(f func(*state) error) error {
 	}
 }
 
+// WorkerOption sets one worker's own settings in AddWorker.
+type WorkerOption func(*wire.Config)
+
+// WithSnapshotEndpoint gives the worker its engine's snapshot ROUTER
+// (SGLang's snapshot_endpoint), from which it is rebuilt after a loss.
+func WithSnapshotEndpoint(ep string) WorkerOption {
+	return func(c *wire.Config) { c.SnapshotEndpoint = ep }
+}
+
+// WithTopic subscribes the worker to its own topic instead of Config.Topic.
+func WithTopic(topic string) WorkerOption {
+	return func(c *wire.Config) { c.Topic = topic }
+}
+
 // AddWorker subscribes to one engine: endpoint is its PUB, replayEndpoint
 // its ROUTER ("" when it has none).
-func (p *Pipeline) AddWorker(name, endpoint, replayEndpoint string) error {
+func (p *Pipeline) AddWorker(name, endpoint, replayEndpoint string, opts ...WorkerOption) error {
 	if name == "" {
 		return errors.New("kvpipe: worker name must not be empty")
 	}
 	wcfg := p.cfg.Wire
 	wcfg.Endpoint, wcfg.ReplayEndpoint, wcfg.Topic = endpoint, replayEndpoint, p.cfg.Topic
+	for _, o := range opts {
+		o(&wcfg)
+	}
 	wcfg.Logger = p.cfg.Logger.With("worker", name)
 	sub, err := wire.NewSubscriber(wcfg)
 	if err != nil {
@@ -418,7 +435,7 @@ func (p *Pipeline) runOnce(ctx context.Context, w *worker) (panicked bool) {
 	}()
 	var h wire.Handler = w.actor
 	if p.cfg.Observe != nil {
-		h = observed{h, w.name, p.cfg.Observe}
+		h = observed{w.actor, w.name, p.cfg.Observe}
 	}
 	if p.wrap != nil {
 		h = p.wrap(h)
@@ -427,13 +444,14 @@ func (p *Pipeline) runOnce(ctx context.Context, w *worker) (panicked bool) {
 	return false
 }
 
+// observed shows every batch to Config.Observe before the actor has it.
 type observed struct {
-	wire.Handler
+	*actor.Actor
 	worker  string
 	observe func(string, uint64, []byte)
 }
 
 func (o observed) HandleBatch(seq uint64, payload []byte) {
 	o.observe(o.worker, seq, payload)
-	o.Handler.HandleBatch(seq, payload)
+	o.Actor.HandleBatch(seq, payload)
 }

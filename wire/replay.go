@@ -78,7 +78,7 @@ func (r *replayState) reply(seq uint64, payload []byte) step {
 		switch {
 		case seq < r.t.last:
 			return step{v: vSkip} // not an answer to this request
-		case seq == r.t.last && Fingerprint(payload) == r.t.fp:
+		case seq == r.t.last && r.t.proves(payload):
 			r.proving = false
 			r.first = r.recheck // proven; a hole after it is a dropped reply, unless re-asked
 			return step{v: vSkip}

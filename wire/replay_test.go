@@ -180,3 +180,32 @@ func TestParseReply(t *testing.T) {
 		}
 	}
 }
+
+// After a snapshot the stream is anchored at the barrier without its batch:
+// the next replay takes the engine's copy of it on trust, and proves with
+// it from then on.
+func TestReplayStateAfterAnAnchor(t *testing.T) {
+	var tr SeqTracker
+	tr.anchor(40)
+	var r replayState
+	r.begin(&tr, 42, true, true)
+	if from := r.ask(false); from != 40 {
+		t.Fatalf("asked from %d, want the barrier 40", from)
+	}
+	for _, step := range []struct {
+		seq  uint64
+		want verdict
+	}{{40, vSkip}, {41, vDeliver}, {42, vDeliver}} {
+		if st := r.reply(step.seq, []byte{byte(step.seq)}); st.v != step.want {
+			t.Fatalf("reply %d: %+v, want %d", step.seq, st, step.want)
+		}
+	}
+	if st := r.end(); st.v != vDone {
+		t.Fatalf("end: %+v", st)
+	}
+	r.begin(&tr, probe, true, true)
+	r.ask(false)
+	if st := r.reply(42, []byte("not what was applied")); st.v != vRestart {
+		t.Errorf("a known fingerprint that differs: %+v, want a restart", st)
+	}
+}

@@ -23,6 +23,7 @@ func (o Outcome) String() string {
 type SeqTracker struct {
 	last    uint64
 	fp      uint64 // xxh3 of the last applied payload
+	fpKnown bool   // false after anchor: the stream is placed at a seq whose batch it never saw
 	started bool
 	// dupFloor is the lowest seq still taken as a duplicate rather than a
 	// restart. It is last itself, except after a replay from S: live batches
@@ -52,7 +53,19 @@ func (t *SeqTracker) Classify(seq uint64) Outcome {
 
 // Apply records the batch seq, received live, as the last applied.
 func (t *SeqTracker) Apply(seq uint64, payload []byte) {
-	t.last, t.fp, t.dupFloor, t.started = seq, Fingerprint(payload), seq, true
+	t.last, t.fp, t.fpKnown, t.dupFloor, t.started = seq, Fingerprint(payload), true, seq, true
+}
+
+// anchor places the stream at seq without its batch, as after a snapshot
+// taken at that seq: the next replay takes the engine's copy on trust.
+func (t *SeqTracker) anchor(seq uint64) {
+	*t = SeqTracker{last: seq, dupFloor: seq, started: true}
+}
+
+// proves reports whether payload, the engine's batch at the last seq, is the
+// one applied.
+func (t *SeqTracker) proves(payload []byte) bool {
+	return !t.fpKnown || Fingerprint(payload) == t.fp
 }
 
 // applyReplayed records the batch seq, received through a replay that may
@@ -61,7 +74,7 @@ func (t *SeqTracker) applyReplayed(seq uint64, payload []byte, floor uint64) {
 	if !t.started || floor < t.dupFloor {
 		t.dupFloor = floor
 	}
-	t.last, t.fp, t.started = seq, Fingerprint(payload), true
+	t.last, t.fp, t.fpKnown, t.started = seq, Fingerprint(payload), true, true
 }
 
 // Last returns the last applied seq and whether there is one.

@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/internal/pace"
 	"github.com/kvpipe/kvpipe/internal/zmtp"
 )
@@ -18,6 +20,10 @@ import (
 type Config struct {
 	Endpoint       string // the engine's PUB, e.g. tcp://10.0.0.5:5557
 	ReplayEndpoint string // the engine's ROUTER replay socket; "" when it has none
+	// SnapshotEndpoint is the engine's snapshot ROUTER (SGLang's
+	// snapshot_endpoint); "" when it has none. After a reset within one
+	// incarnation a SnapshotHandler is rebuilt from it.
+	SnapshotEndpoint string
 	Topic          string // ZMQ prefix match; the engines' default is ""
 
 	// IdleTimeout rebuilds the SUB socket after this long without a message,
@@ -130,6 +136,8 @@ type Stats struct {
 	HistoryMissing    atomic.Uint64 // replays that found the engine no longer had a gap
 	Lost              atomic.Uint64 // batches the publisher sent that were never delivered
 	LiveOverflow      atomic.Uint64 // live batches dropped while a replay ran (replayed later)
+	Snapshots         atomic.Uint64 // engine snapshots applied after a reset
+	SnapshotFailures  atomic.Uint64 // snapshots refused, broken off or unreachable
 	Restarts          atomic.Uint64 // another publisher incarnation detected
 	Reconnects        atomic.Uint64 // SUB sockets rebuilt after a failure or idle
 	// ProtocolErrors counts connections closed because the peer broke ZMTP
@@ -154,11 +162,17 @@ type Subscriber struct {
 	queue      []frame   // live batches held while a replay runs
 	// replayDown: the replay endpoint is unreachable; warned once per outage.
 	replayDown bool
+	// epoch is the publisher lifecycle the live topic names (SGLang); a new
+	// one is a restart, known without a round trip.
+	epoch []byte
+	// needSnapshot: a reset within one incarnation wants the engine's snapshot.
+	needSnapshot bool
 }
 
 type frame struct {
 	seq     uint64
 	payload []byte
+	epoch   []byte // from the topic frame; nil when the engine sends none
 }
 
 // NewSubscriber validates cfg and returns a Subscriber; Run starts it.
@@ -169,6 +183,11 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 	if cfg.ReplayEndpoint != "" {
 		if err := ValidateEndpoint(cfg.ReplayEndpoint); err != nil {
 			return nil, fmt.Errorf("replay %w", err)
+		}
+	}
+	if cfg.SnapshotEndpoint != "" {
+		if err := ValidateEndpoint(cfg.SnapshotEndpoint); err != nil {
+			return nil, fmt.Errorf("snapshot %w", err)
 		}
 	}
 	cfg.setDefaults()
@@ -338,7 +357,8 @@ func (s *Subscriber) parseLive(m zmq4.Msg) (frame, bool) {
 		s.logf("malformed message skipped", "frames", len(m.Frames), "seq_bytes", seqWidth(m))
 		return frame{}, false
 	}
-	return frame{seq: binary.BigEndian.Uint64(m.Frames[1]), payload: m.Frames[2]}, true
+	_, epoch, _ := codec.SplitTopic(m.Frames[0])
+	return frame{seq: binary.BigEndian.Uint64(m.Frames[1]), payload: m.Frames[2], epoch: epoch}, true
 }
 
 func seqWidth(m zmq4.Msg) int {
@@ -352,7 +372,30 @@ func seqWidth(m zmq4.Msg) int {
 // they set off held back. It returns false when ctx ended.
 func (s *Subscriber) drain(ctx context.Context, sub *receiver, h Handler) bool {
 	for i := 0; i < len(s.queue); i++ { // a replay appends what it held back
+		if s.needSnapshot { // the snapshot takes over from the batches still held
+			n := copy(s.queue, s.queue[i:])
+			clear(s.queue[n:])
+			s.queue, i = s.queue[:n], 0
+			if !s.takeSnapshot(ctx, sub, h) {
+				return false
+			}
+			if len(s.queue) == 0 {
+				break
+			}
+		}
 		f := s.queue[i]
+		if len(f.epoch) > 0 {
+			if len(s.epoch) > 0 && !bytes.Equal(f.epoch, s.epoch) {
+				s.stats.Restarts.Add(1)
+				s.logf("publisher restarted: new epoch", "endpoint", s.cfg.Endpoint, "epoch", string(f.epoch))
+				s.reset(h, ResetRestart)
+				// The new incarnation from its first batch, before this one.
+				if s.cfg.ReplayEndpoint != "" && !s.catchUp(ctx, sub, h, forTail, probe) {
+					return false
+				}
+			}
+			s.epoch = append(s.epoch[:0], f.epoch...)
+		}
 		outcome := s.seq.Classify(f.seq)
 		switch outcome {
 		case First, InOrder:
@@ -398,6 +441,19 @@ func (s *Subscriber) drain(ctx context.Context, sub *receiver, h Handler) bool {
 	}
 	clear(s.queue) // drop payload references
 	s.queue = s.queue[:0]
+	if s.needSnapshot {
+		return s.takeSnapshot(ctx, sub, h)
+	}
+	return true
+}
+
+// takeSnapshot rebuilds the worker from the engine's snapshot when both
+// sides can; it returns false only when ctx ended.
+func (s *Subscriber) takeSnapshot(ctx context.Context, sub *receiver, h Handler) bool {
+	s.needSnapshot = false
+	if sh, ok := h.(SnapshotHandler); ok {
+		return s.snapshot(ctx, sub, sh)
+	}
 	return true
 }
 
@@ -417,7 +473,19 @@ func (s *Subscriber) lose(n uint64, h Handler, why ResetReason) {
 
 func (s *Subscriber) reset(h Handler, why ResetReason) {
 	s.seq.Reset()
+	s.notifyReset(h, why)
+}
+
+// notifyReset tells h; a reset within one incarnation asks for the engine's
+// snapshot where it offers one.
+func (s *Subscriber) notifyReset(h Handler, why ResetReason) {
 	h.HandleReset(why)
+	switch {
+	case !why.SameIncarnation():
+		s.epoch = s.epoch[:0] // the next live batch names the new one
+	case s.cfg.SnapshotEndpoint != "":
+		s.needSnapshot = true
+	}
 }
 
 // purpose says why a replay runs, which decides what its failure costs.
@@ -521,7 +589,7 @@ func (s *Subscriber) catchUp(ctx context.Context, sub *receiver, h Handler, why 
 			s.closeDealer()
 			s.stats.Restarts.Add(1)
 			s.logf("publisher restarted: replaying the new one from its start", "endpoint", s.cfg.ReplayEndpoint, "last", s.seq.last)
-			h.HandleReset(ResetRestart)
+			s.notifyReset(h, ResetRestart)
 			r.restarted()
 			askNow, recheck = true, false
 		case vDone:
@@ -632,7 +700,7 @@ func (s *Subscriber) missing(st step, from, to uint64, h Handler) {
 	s.stats.Lost.Add(st.lost)
 	s.logf("replay buffer no longer holds the gap: history unknown", "endpoint", s.cfg.ReplayEndpoint, "from", from, "to", to, "lost", st.lost)
 	if st.reset {
-		h.HandleReset(ResetHistoryMissing)
+		s.notifyReset(h, ResetHistoryMissing)
 	}
 }
 
