@@ -24,7 +24,7 @@ type Config struct {
 	// snapshot_endpoint); "" when it has none. After a reset within one
 	// incarnation a SnapshotHandler is rebuilt from it.
 	SnapshotEndpoint string
-	Topic          string // ZMQ prefix match; the engines' default is ""
+	Topic            string // ZMQ prefix match; the engines' default is ""
 
 	// IdleTimeout rebuilds the SUB socket after this long without a message,
 	// since a peer that vanished without closing its TCP connection is
