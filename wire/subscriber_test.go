@@ -106,7 +106,8 @@ func TestReplayThatNoLongerHasTheGap(t *testing.T) {
 	last := syncUp(t, pub, rec)
 	st := s.Stats()
 	dups := st.Duplicates.Load() // probes both replayed at connect and received live
-	for i := range 10 {          // the buffer keeps only the last 4 of these
+	// The buffer keeps only the last 4 of these.
+	for i := range 10 {
 		pub.Drop(body(i))
 	}
 	pub.Publish(body(10))
