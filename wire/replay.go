@@ -71,6 +71,7 @@ func (r *replayState) ask(recheck bool) uint64 {
 func (r *replayState) restarted() {
 	r.t.Reset()
 	r.lossy, r.floor, r.continuous = true, 0, true
+	r.upto = probe // a gap of the old incarnation means nothing in the new one
 }
 
 func (r *replayState) reply(seq uint64, payload []byte) step {

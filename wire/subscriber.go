@@ -167,6 +167,11 @@ type Subscriber struct {
 	epoch []byte
 	// needSnapshot: a reset within one incarnation wants the engine's snapshot.
 	needSnapshot bool
+	// staleSub: a replay found the engine restarted while the SUB still
+	// carried the old incarnation's stream: serve must reconnect.
+	staleSub bool
+	// dropped counts the times the held live batches were thrown away.
+	dropped uint64
 }
 
 type frame struct {
@@ -257,7 +262,10 @@ func (s *Subscriber) connect(ctx context.Context) (*receiver, error) {
 	return startReceiver(sock, liveDepth), nil
 }
 
-var errIdle = errors.New("no message within the idle timeout")
+var (
+	errIdle  = errors.New("no message within the idle timeout")
+	errStale = errors.New("the publisher restarted under the subscription")
+)
 
 // serve handles one socket's messages until it fails, idles out or ctx
 // ends, and closes it, also when the handler panics.
@@ -266,9 +274,9 @@ func (s *Subscriber) serve(ctx context.Context, sub *receiver, h Handler) error 
 	s.continuous = false
 	defer func() {
 		s.stats.Connected.Store(false)
+		s.staleSub = false
 		sub.close()
-		clear(s.queue) // drop payload references
-		s.queue = s.queue[:0]
+		s.dropQueue()
 	}()
 	// A new connection may reach another incarnation of the engine: prove
 	// continuity through the replay endpoint (which also replays what the
@@ -281,6 +289,9 @@ func (s *Subscriber) serve(ctx context.Context, sub *receiver, h Handler) error 
 		}
 		if !s.catchUp(ctx, sub, h, why, probe) || !s.drain(ctx, sub, h) {
 			return ctx.Err()
+		}
+		if s.staleSub {
+			return errStale
 		}
 	} else if _, ok := s.seq.Last(); ok {
 		s.reset(h, ResetUnproven)
@@ -317,6 +328,9 @@ func (s *Subscriber) serve(ctx context.Context, sub *receiver, h Handler) error 
 			if !s.catchUp(ctx, sub, h, forTail, probe) || !s.drain(ctx, sub, h) {
 				return ctx.Err()
 			}
+			if s.staleSub {
+				return errStale
+			}
 			switch {
 			case s.failures() != failures:
 				tail.Reset(tailBackoff.Next())
@@ -340,6 +354,9 @@ func (s *Subscriber) serve(ctx context.Context, sub *receiver, h Handler) error 
 				s.queue = append(s.queue, f)
 				if !s.drain(ctx, sub, h) {
 					return ctx.Err()
+				}
+				if s.staleSub {
+					return errStale
 				}
 			}
 		}
@@ -426,8 +443,13 @@ func (s *Subscriber) drain(ctx context.Context, sub *receiver, h Handler) bool {
 		if plausible {
 			why, upto = forGap, f.seq
 		}
+		dropped := s.dropped
 		if !s.catchUp(ctx, sub, h, why, upto) {
 			return false
+		}
+		if s.dropped != dropped { // f was the old incarnation's, with the rest held
+			i = -1
+			continue
 		}
 		switch s.seq.Classify(f.seq) {
 		case First, InOrder:
@@ -587,6 +609,12 @@ func (s *Subscriber) catchUp(ctx context.Context, sub *receiver, h Handler, why 
 			askNow, recheck = true, true
 		case vRestart:
 			s.closeDealer()
+			if s.continuous || live == nil {
+				// The SUB carried the old incarnation: what it holds and
+				// brings is the dead engine's. Serve reconnects after this.
+				s.dropQueue()
+				s.staleSub, live = live != nil, nil
+			}
 			s.stats.Restarts.Add(1)
 			s.logf("publisher restarted: replaying the new one from its start", "endpoint", s.cfg.ReplayEndpoint, "last", s.seq.last)
 			s.notifyReset(h, ResetRestart)
@@ -702,6 +730,13 @@ func (s *Subscriber) missing(st step, from, to uint64, h Handler) {
 	if st.reset {
 		s.notifyReset(h, ResetHistoryMissing)
 	}
+}
+
+// dropQueue throws the held live batches away.
+func (s *Subscriber) dropQueue() {
+	clear(s.queue) // drop payload references
+	s.queue = s.queue[:0]
+	s.dropped++
 }
 
 // hold keeps a live message that arrived during a replay for drain.
