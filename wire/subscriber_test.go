@@ -496,3 +496,37 @@ func TestNewEpochIsARestart(t *testing.T) {
 		t.Errorf("restarts %d, want 1", got)
 	}
 }
+
+// A live seq 2^40 past the last is garbage or another incarnation, never
+// 2^40 lost batches.
+func TestImplausibleSeqJumpIsNotALoss(t *testing.T) {
+	ep := freeTCP(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	raw := zmq4.NewPub(ctx)
+	if err := raw.Listen(ep); err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	s, rec := startSubscriber(t, Config{Endpoint: ep})
+	var seq uint64
+	for { // wait for the subscription
+		raw.Send(zmq4.NewMsgFrom(nil, seqBytes(seq), body(int(seq))))
+		seq++
+		if _, quiet := rec.quiet(20 * time.Millisecond); !quiet {
+			break
+		}
+	}
+	for len(rec.calls) > 0 {
+		rec.next(t)
+	}
+	jump := seq + 1<<40
+	raw.Send(zmq4.NewMsgFrom(nil, seqBytes(jump), body(1)))
+	if c := rec.next(t); !c.reset || c.why != ResetRestart {
+		t.Fatalf("got %+v, want a restart reset", c)
+	}
+	expectBatches(t, rec, jump, string(body(1)))
+	if st := s.Stats(); st.Lost.Load() != 0 || st.Restarts.Load() != 1 {
+		t.Errorf("lost %d, restarts %d; want 0 and 1", st.Lost.Load(), st.Restarts.Load())
+	}
+}
