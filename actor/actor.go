@@ -288,7 +288,7 @@ func (a *Actor) clear() {
 // entries become known but not indexed.
 func (a *Actor) unindex() {
 	if len(a.routerOf) > maxKept {
-		clear(a.routerOf)
+		a.routerOf = make(map[uint64]block) // not clear: give its peak memory back
 	}
 	a.gen++
 	a.fullSeen = false

@@ -299,3 +299,14 @@ func AppendSnapshotChunk(dst []byte, blocks []SnapshotBlock) []byte {
 	}
 	return dst
 }
+
+// SnapshotRecords reads how many records a chunk holds from its array
+// header alone, so a client can check a snapshot against its header's
+// record count without decoding it.
+func SnapshotRecords(chunk []byte) (int, error) {
+	n, _, err := msgp.ReadArrayHeaderBytes(chunk)
+	if err != nil {
+		return 0, fieldErr("snapshot chunk", err, chunk)
+	}
+	return int(n), nil
+}

@@ -13,17 +13,19 @@ type replayState struct {
 	t    *SeqTracker
 	upto uint64 // the live seq that showed the gap, or probe
 	// lossy: batches missing at the start of the engine's buffer count as
-	// lost. Not on the first connect: a router that starts late lost nothing.
+	// lost: there is a history they belong to.
 	lossy bool
 	// continuous: the last batch applied came over the live connection that
 	// is still up, so the engine is the same process even if its buffer no
 	// longer holds that batch (a TCP connection does not survive a restart).
 	continuous bool
 
+	proven     bool   // this replay knows which incarnation answers: a failure loses no history
 	proving    bool   // the current request's first reply must be t.last with t.fp
 	first      bool   // no reply past the proof in the current request yet
 	recheck    bool   // the current request re-asks a hole: a hole again means missing
 	progressed bool   // delivered something since the current request was sent
+	moves      uint64 // proofs and deliveries so far: what keeps a replay alive
 	floor      uint64 // live batches from here on may arrive again as duplicates
 }
 
@@ -52,8 +54,19 @@ type step struct {
 // reconnect): an answer with nothing new in it means nothing was lost.
 const probe = 1<<64 - 1
 
-func (r *replayState) begin(t *SeqTracker, upto uint64, lossy, continuous bool) {
-	*r = replayState{t: t, upto: upto, lossy: lossy, continuous: continuous, floor: t.next()}
+// begin starts a replay for the tracker's stream; lossy is false only
+// where no history exists (a first connect: a router that starts late lost
+// nothing).
+func (r *replayState) begin(t *SeqTracker, upto uint64, continuous bool) {
+	*r = replayState{t: t, upto: upto, lossy: t.started, continuous: continuous, floor: t.next()}
+}
+
+// unfilled is how many batches of the known gap are still missing.
+func (r *replayState) unfilled() uint64 {
+	if next := r.t.next(); r.upto != probe && r.upto > next && r.t.started {
+		return r.upto - next
+	}
+	return 0
 }
 
 // ask records a new request as current and returns the seq it asks from.
@@ -70,7 +83,7 @@ func (r *replayState) ask(recheck bool) uint64 {
 // first on are then asked for.
 func (r *replayState) restarted() {
 	r.t.Reset()
-	r.lossy, r.floor, r.continuous = true, 0, true
+	r.lossy, r.floor, r.continuous, r.proven = true, 0, true, true
 	r.upto = probe // a gap of the old incarnation means nothing in the new one
 }
 
@@ -80,7 +93,9 @@ func (r *replayState) reply(seq uint64, payload []byte) step {
 		case seq < r.t.last:
 			return step{v: vSkip} // not an answer to this request
 		case seq == r.t.last && r.t.proves(payload):
-			r.proving = false
+			r.proving, r.proven = false, true
+			r.moves++
+			r.t.learn(payload)
 			r.first = r.recheck // proven; a hole after it is a dropped reply, unless re-asked
 			return step{v: vSkip}
 		}
@@ -89,7 +104,7 @@ func (r *replayState) reply(seq uint64, payload []byte) step {
 			return step{v: vRestart} // the engine does not hold our last batch as we applied it
 		}
 		// Same process, but its buffer has moved past our last batch.
-		r.first = true
+		r.first, r.proven = true, true
 	}
 	next := r.t.next()
 	switch {
@@ -117,6 +132,7 @@ func (r *replayState) reply(seq uint64, payload []byte) step {
 func (r *replayState) apply(seq uint64, payload []byte) {
 	r.t.applyReplayed(seq, payload, r.floor)
 	r.first, r.progressed, r.lossy = false, true, true
+	r.moves++
 }
 
 // end handles an end marker.
@@ -126,8 +142,8 @@ func (r *replayState) end() step {
 		return step{v: vRestart}
 	}
 	if next := r.t.next(); r.upto != probe && next < r.upto {
-		if r.progressed {
-			return step{v: vAsk} // the tail of the answer was dropped
+		if r.progressed || !r.recheck {
+			return step{v: vAsk} // the tail of the answer was dropped: ask once more
 		}
 		// The engine published these seqs and does not have them.
 		s := step{v: vMissing, lost: r.upto - next, reset: r.t.started}

@@ -35,55 +35,54 @@ func TestReplayState(t *testing.T) {
 		name    string
 		history bool   // seq 10 applied with payload p10
 		upto    uint64 // probe when 0
-		lossy   bool
 		steps   []ev
 		last    uint64 // the tracker's last seq at the end (when started)
 		started bool
 		cont    bool // the history came over the live connection still up
 	}{
-		{"gap filled after the proof", true, 14, true, []ev{askFrom(10), reply(10, p10, vSkip),
+		{"gap filled after the proof", true, 14, []ev{askFrom(10), reply(10, p10, vSkip),
 			reply(11, "a", vDeliver), reply(12, "b", vDeliver), reply(13, "c", vDeliver), reply(14, "d", vDeliver),
 			reply(15, "e", vDeliver), endMark(vDone)}, 15, true, false},
-		{"tail check with nothing new", true, 0, true, []ev{askFrom(10), reply(10, p10, vSkip), endMark(vDone)}, 10, true, false},
-		{"restart: same seq, other payload", true, 0, true, []ev{askFrom(10), reply(10, "another process", vRestart),
+		{"tail check with nothing new", true, 0, []ev{askFrom(10), reply(10, p10, vSkip), endMark(vDone)}, 10, true, false},
+		{"restart: same seq, other payload", true, 0, []ev{askFrom(10), reply(10, "another process", vRestart),
 			{kind: 'R'}, askFrom(0), reply(0, "x", vDeliver), reply(1, "y", vDeliver), endMark(vDone)}, 1, true, false},
-		{"restart: the buffer starts past our last after a reconnect", true, 0, true, []ev{askFrom(10), reply(40, "z", vRestart),
+		{"restart: the buffer starts past our last after a reconnect", true, 0, []ev{askFrom(10), reply(40, "z", vRestart),
 			{kind: 'R'}, askFrom(0), reply(0, "x", vDeliver), endMark(vDone)}, 0, true, false},
-		{"same connection: the buffer moved past our last", true, 0, true, []ev{askFrom(10), missingReply(40, 29, true),
+		{"same connection: the buffer moved past our last", true, 0, []ev{askFrom(10), missingReply(40, 29, true),
 			reply(41, "z", vDeliver), endMark(vDone)}, 41, true, true},
-		{"same connection: the same seq with another payload is still a restart", true, 0, true, []ev{askFrom(10),
+		{"same connection: the same seq with another payload is still a restart", true, 0, []ev{askFrom(10),
 			reply(10, "other", vRestart)}, 10, true, true},
-		{"restart that went quiet: only the end marker", true, 0, true, []ev{askFrom(10), endMark(vRestart),
+		{"restart that went quiet: only the end marker", true, 0, []ev{askFrom(10), endMark(vRestart),
 			{kind: 'R'}, askFrom(0), reply(0, "x", vDeliver), reply(1, "y", vDeliver), endMark(vDone)}, 1, true, false},
-		{"restarted engine's buffer wrapped: its first batches are lost", true, 0, true, []ev{askFrom(10), endMark(vRestart),
+		{"restarted engine's buffer wrapped: its first batches are lost", true, 0, []ev{askFrom(10), endMark(vRestart),
 			{kind: 'R'}, askFrom(0), missingReply(7, 7, false), reply(8, "y", vDeliver), endMark(vDone)}, 8, true, false},
-		{"stale reply below the proof is skipped", true, 0, true, []ev{askFrom(10), reply(9, "old", vSkip),
+		{"stale reply below the proof is skipped", true, 0, []ev{askFrom(10), reply(9, "old", vSkip),
 			reply(10, p10, vSkip), reply(11, "a", vDeliver), endMark(vDone)}, 11, true, false},
-		{"duplicate reply", true, 0, true, []ev{askFrom(10), reply(10, p10, vSkip), reply(11, "a", vDeliver),
+		{"duplicate reply", true, 0, []ev{askFrom(10), reply(10, p10, vSkip), reply(11, "a", vDeliver),
 			reply(11, "a", vDup), endMark(vDone)}, 11, true, false},
-		{"hole in the middle is asked again and filled", true, 14, true, []ev{askFrom(10), reply(10, p10, vSkip),
+		{"hole in the middle is asked again and filled", true, 14, []ev{askFrom(10), reply(10, p10, vSkip),
 			reply(11, "a", vDeliver), reply(13, "c", vAsk), recheckFrom(11), reply(11, "a", vSkip),
 			reply(12, "b", vDeliver), reply(13, "c", vDeliver), endMark(vDone)}, 13, true, false},
-		{"hole right after the proof, then filled", true, 14, true, []ev{askFrom(10), reply(10, p10, vSkip),
+		{"hole right after the proof, then filled", true, 14, []ev{askFrom(10), reply(10, p10, vSkip),
 			reply(12, "b", vAsk), recheckFrom(10), reply(10, p10, vSkip), reply(11, "a", vDeliver),
 			reply(12, "b", vDeliver), reply(13, "c", vDeliver), endMark(vDone)}, 13, true, false},
-		{"a hole that stays is missing history", true, 14, true, []ev{askFrom(10), reply(10, p10, vSkip),
+		{"a hole that stays is missing history", true, 14, []ev{askFrom(10), reply(10, p10, vSkip),
 			reply(11, "a", vDeliver), reply(13, "c", vAsk), recheckFrom(11), reply(11, "a", vSkip),
 			missingReply(13, 1, true), reply(14, "d", vDeliver), endMark(vDone)}, 14, true, false},
-		{"tail dropped: asked again", true, 14, true, []ev{askFrom(10), reply(10, p10, vSkip), reply(11, "a", vDeliver),
+		{"tail dropped: asked again", true, 14, []ev{askFrom(10), reply(10, p10, vSkip), reply(11, "a", vDeliver),
 			endMark(vAsk), recheckFrom(11), reply(11, "a", vSkip), reply(12, "b", vDeliver), reply(13, "c", vDeliver),
 			endMark(vDone)}, 13, true, false},
-		{"the engine lacks the gap entirely", true, 14, true, []ev{askFrom(10), reply(10, p10, vSkip),
-			{kind: 'e', want: vMissing, lost: 3, reset: true}}, 0, false, false},
-		{"first connect: buffer starts late, nothing lost", false, 0, false, []ev{askFrom(0), missingReply(500, 0, false),
+		{"the engine lacks the gap: asked again, then missing", true, 14, []ev{askFrom(10), reply(10, p10, vSkip),
+			endMark(vAsk), recheckFrom(10), reply(10, p10, vSkip), {kind: 'e', want: vMissing, lost: 3, reset: true}}, 0, false, false},
+		{"first connect: buffer starts late, nothing lost", false, 0, []ev{askFrom(0), missingReply(500, 0, false),
 			reply(501, "a", vDeliver), endMark(vDone)}, 501, true, false},
-		{"first connect: buffer from 0", false, 0, false, []ev{askFrom(0), reply(0, "a", vDeliver), endMark(vDone)}, 0, true, false},
-		{"first connect: empty buffer", false, 0, false, []ev{askFrom(0), endMark(vDone)}, 0, false, false},
-		{"timeout after progress asks again", true, 14, true, []ev{askFrom(10), reply(10, p10, vSkip),
+		{"first connect: buffer from 0", false, 0, []ev{askFrom(0), reply(0, "a", vDeliver), endMark(vDone)}, 0, true, false},
+		{"first connect: empty buffer", false, 0, []ev{askFrom(0), endMark(vDone)}, 0, false, false},
+		{"timeout after progress asks again", true, 14, []ev{askFrom(10), reply(10, p10, vSkip),
 			reply(11, "a", vDeliver), {kind: 't', want: vAsk}, recheckFrom(11), reply(11, "a", vSkip),
 			reply(12, "b", vDeliver), reply(13, "c", vDeliver), endMark(vDone)}, 13, true, false},
-		{"timeout without progress fails", true, 14, true, []ev{askFrom(10), {kind: 't', want: vFail}}, 10, true, false},
-		{"timeout during the proof fails", true, 14, true, []ev{askFrom(10), reply(10, p10, vSkip), {kind: 't', want: vFail}}, 10, true, false},
+		{"timeout without progress fails", true, 14, []ev{askFrom(10), {kind: 't', want: vFail}}, 10, true, false},
+		{"timeout during the proof fails", true, 14, []ev{askFrom(10), reply(10, p10, vSkip), {kind: 't', want: vFail}}, 10, true, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -97,7 +96,7 @@ func TestReplayState(t *testing.T) {
 				upto = probe
 			}
 			var r replayState
-			r.begin(&tr, upto, tc.lossy, tc.cont)
+			r.begin(&tr, upto, tc.cont)
 			for i, e := range tc.steps {
 				var st step
 				switch e.kind {
@@ -133,7 +132,7 @@ func TestReplayStateSetsTheDuplicateFloor(t *testing.T) {
 	var tr SeqTracker
 	tr.Apply(10, []byte("p"))
 	var r replayState
-	r.begin(&tr, probe, true, true)
+	r.begin(&tr, probe, true)
 	r.ask(false)
 	r.reply(10, []byte("p"))
 	for seq := uint64(11); seq <= 20; seq++ {
@@ -186,9 +185,9 @@ func TestParseReply(t *testing.T) {
 // it from then on.
 func TestReplayStateAfterAnAnchor(t *testing.T) {
 	var tr SeqTracker
-	tr.anchor(40)
+	tr.anchor(40, 40)
 	var r replayState
-	r.begin(&tr, 42, true, true)
+	r.begin(&tr, 42, true)
 	if from := r.ask(false); from != 40 {
 		t.Fatalf("asked from %d, want the barrier 40", from)
 	}
@@ -203,9 +202,38 @@ func TestReplayStateAfterAnAnchor(t *testing.T) {
 	if st := r.end(); st.v != vDone {
 		t.Fatalf("end: %+v", st)
 	}
-	r.begin(&tr, probe, true, true)
+	r.begin(&tr, probe, true)
 	r.ask(false)
 	if st := r.reply(42, []byte("not what was applied")); st.v != vRestart {
 		t.Errorf("a known fingerprint that differs: %+v, want a restart", st)
+	}
+}
+
+// What a failed replay loses: only the part of the known gap it did not
+// fill, and nothing once the answer comes from a new incarnation.
+func TestReplayStateUnfilled(t *testing.T) {
+	var tr SeqTracker
+	tr.Apply(10, []byte("p"))
+	var r replayState
+	r.begin(&tr, 13, true)
+	r.ask(false)
+	r.reply(10, []byte("p"))
+	if got := r.unfilled(); got != 2 {
+		t.Errorf("before any delivery: unfilled %d, want 2 (11 and 12)", got)
+	}
+	for seq := uint64(11); seq <= 15; seq++ { // replay goes past the gap
+		r.reply(seq, nil)
+	}
+	if got := r.unfilled(); got != 0 {
+		t.Errorf("after the replay passed the gap: unfilled %d, want 0", got)
+	}
+	r.begin(&tr, 20, true)
+	r.ask(false)
+	if st := r.reply(15, []byte("another process")); st.v != vRestart {
+		t.Fatalf("%+v, want a restart", st)
+	}
+	r.restarted()
+	if got := r.unfilled(); got != 0 || !r.proven {
+		t.Errorf("after a restart: unfilled %d, proven %v; want 0 and true", got, r.proven)
 	}
 }

@@ -57,9 +57,17 @@ func (t *SeqTracker) Apply(seq uint64, payload []byte) {
 }
 
 // anchor places the stream at seq without its batch, as after a snapshot
-// taken at that seq: the next replay takes the engine's copy on trust.
-func (t *SeqTracker) anchor(seq uint64) {
-	*t = SeqTracker{last: seq, dupFloor: seq, started: true}
+// taken at that seq; live batches from floor on are duplicates. Until the
+// batch itself is seen (learn), the next replay takes the engine's copy on trust.
+func (t *SeqTracker) anchor(seq, floor uint64) {
+	*t = SeqTracker{last: seq, dupFloor: min(floor, seq), started: true}
+}
+
+// learn takes payload as the batch at the last seq, when it was not seen.
+func (t *SeqTracker) learn(payload []byte) {
+	if !t.fpKnown {
+		t.fp, t.fpKnown = Fingerprint(payload), true
+	}
 }
 
 // proves reports whether payload, the engine's batch at the last seq, is the

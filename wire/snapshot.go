@@ -16,7 +16,8 @@ import (
 // chunk's payload in order (a msgpack list of [parent_hash, [block_hashes]]
 // records), then HandleSnapshotEnd. With ok the worker is the engine's state
 // as of the snapshot's barrier, and the batches that follow come after it;
-// without, the snapshot broke off and its entries must be dropped again.
+// without, the snapshot broke off: its entries must be dropped again, which
+// leaves the worker cleared, as right after the reset.
 type SnapshotHandler interface {
 	Handler
 	HandleSnapshotBegin()
@@ -28,8 +29,8 @@ var snapshotRequest = []byte("snapshot-v1")
 
 // snapshot fetches the engine's snapshot into h, holding live batches
 // meanwhile, and positions the stream at the snapshot's barrier. A failed
-// snapshot is counted and leaves the worker as it was (partial). It returns
-// false only when ctx ended.
+// snapshot is counted; the worker stays partial, cleared if the failure came
+// after the header. It returns false only when ctx ended.
 func (s *Subscriber) snapshot(ctx context.Context, sub *receiver, h SnapshotHandler) bool {
 	sock, err := dial(ctx, zmq4.Dealer, s.cfg.SnapshotEndpoint, s.guard())
 	if err != nil {
@@ -42,6 +43,9 @@ func (s *Subscriber) snapshot(ctx context.Context, sub *receiver, h SnapshotHand
 	r := startReceiver(sock, 64)
 	defer r.close()
 	if err := sock.Send(zmq4.NewMsgFrom(nil, snapshotRequest)); err != nil {
+		if ctx.Err() != nil {
+			return false
+		}
 		s.snapshotFailed(h, false, "send", err)
 		return true
 	}
@@ -49,7 +53,7 @@ func (s *Subscriber) snapshot(ctx context.Context, sub *receiver, h SnapshotHand
 	defer timer.Stop()
 	var live <-chan zmq4.Msg = sub.msgs
 	var header codec.SnapshotHeader
-	begun := false
+	begun, records := false, 0
 	for {
 		select {
 		case <-ctx.Done():
@@ -68,15 +72,21 @@ func (s *Subscriber) snapshot(ctx context.Context, sub *receiver, h SnapshotHand
 			}
 		case m, ok := <-r.msgs:
 			if !ok {
+				if ctx.Err() != nil {
+					if begun {
+						h.HandleSnapshotEnd(false)
+					}
+					return false
+				}
 				s.snapshotFailed(h, begun, "receive", r.err)
 				return true
 			}
-			timer.Reset(s.cfg.ReplayTimeout)
 			// [empty, kind, payload]
 			if len(m.Frames) != 3 || len(m.Frames[0]) != 0 {
 				s.stats.Malformed.Add(1)
-				continue
+				continue // not progress: the timer keeps running
 			}
+			timer.Reset(s.cfg.ReplayTimeout)
 			switch kind, payload := string(m.Frames[1]), m.Frames[2]; {
 			case kind == "header" && !begun:
 				if header, err = codec.DecodeSnapshotHeader(payload); err != nil {
@@ -87,10 +97,24 @@ func (s *Subscriber) snapshot(ctx context.Context, sub *receiver, h SnapshotHand
 					s.snapshotFailed(h, false, "header", errors.New("the snapshot is of another publisher incarnation"))
 					return true
 				}
+				if header.BarrierSeq >= implausibleSeq {
+					s.snapshotFailed(h, false, "header", errors.New("implausible barrier seq"))
+					return true
+				}
 				begun = true
 				h.HandleSnapshotBegin()
 			case kind == "chunk" && begun:
+				// The header's count bounds the chunks: a peer cannot stream
+				// records forever, and one dropped on the way is noticed.
+				n, err := codec.SnapshotRecords(payload)
+				if records += n; err != nil || records > header.RecordCount {
+					s.snapshotFailed(h, true, "chunk", errors.New("more records than the header announced, or a corrupt chunk"))
+					return true
+				}
 				h.HandleSnapshot(payload)
+			case kind == "end" && begun && records != header.RecordCount:
+				s.snapshotFailed(h, true, "end", errors.New("fewer records than the header announced: a chunk was lost"))
+				return true
 			case kind == "end" && begun:
 				h.HandleSnapshotEnd(true)
 				s.stats.Snapshots.Add(1)
@@ -110,7 +134,13 @@ func (s *Subscriber) snapshot(ctx context.Context, sub *receiver, h SnapshotHand
 // now holds: held live batches up to it are dropped, and the next ones
 // continue from it (a gap to them is replayed as any other).
 func (s *Subscriber) resumeAfter(barrier uint64) bool {
-	s.seq.anchor(barrier)
+	// Live batches older than the barrier may still be on their way: from
+	// where the stream stood, they are duplicates, not a restart.
+	floor := uint64(0)
+	if _, ok := s.seq.Last(); ok {
+		floor = s.seq.dupFloor
+	}
+	s.seq.anchor(barrier, floor)
 	kept := s.queue[:0]
 	for _, f := range s.queue {
 		if f.seq == barrier {

@@ -153,15 +153,15 @@ type Subscriber struct {
 	stats Stats
 	warn  pace.Limiter
 
-	seq       SeqTracker
-	delivered bool // something was ever delivered: later holes are losses
+	seq SeqTracker
 	// continuous: the last batch applied came while the current SUB
 	// connection was up, so the engine cannot have restarted since.
 	continuous bool
 	dealer     *receiver // replay socket, dialled on the first replay
 	queue      []frame   // live batches held while a replay runs
 	// replayDown: the replay endpoint is unreachable; warned once per outage.
-	replayDown bool
+	// patienceSpent: a replay already waited ReplayPatience for it.
+	replayDown, patienceSpent bool
 	// epoch is the publisher lifecycle the live topic names (SGLang); a new
 	// one is a restart, known without a round trip.
 	epoch []byte
@@ -211,8 +211,12 @@ func (s *Subscriber) Stats() *Stats { return &s.stats }
 const liveDepth = 1024
 
 // implausibleGap: a live seq this far past the last is garbage or another
-// incarnation, never that many lost batches.
-const implausibleGap = 1 << 32
+// incarnation, never that many lost batches. No engine reaches
+// implausibleSeq either (a million batches a second for 290,000 years).
+const (
+	implausibleGap = 1 << 32
+	implausibleSeq = 1 << 63
+)
 
 // Run subscribes and feeds h until ctx is done, rebuilding the socket with
 // backoff whenever it fails. It returns ctx's error.
@@ -407,8 +411,13 @@ func (s *Subscriber) drain(ctx context.Context, sub *receiver, h Handler) bool {
 				s.logf("publisher restarted: new epoch", "endpoint", s.cfg.Endpoint, "epoch", string(f.epoch))
 				s.reset(h, ResetRestart)
 				// The new incarnation from its first batch, before this one.
+				dropped := s.dropped
 				if s.cfg.ReplayEndpoint != "" && !s.catchUp(ctx, sub, h, forTail, probe) {
 					return false
+				}
+				if s.dropped != dropped {
+					i = -1
+					continue
 				}
 			}
 			s.epoch = append(s.epoch[:0], f.epoch...)
@@ -419,6 +428,9 @@ func (s *Subscriber) drain(ctx context.Context, sub *receiver, h Handler) bool {
 			s.deliver(f, h)
 			continue
 		case Duplicate:
+			if f.seq == s.seq.last {
+				s.seq.learn(f.payload) // the barrier a snapshot anchored at
+			}
 			s.stats.Duplicates.Add(1)
 			continue
 		}
@@ -464,7 +476,8 @@ func (s *Subscriber) drain(ctx context.Context, sub *receiver, h Handler) bool {
 	clear(s.queue) // drop payload references
 	s.queue = s.queue[:0]
 	if s.needSnapshot {
-		return s.takeSnapshot(ctx, sub, h)
+		// What the snapshot held back comes after its barrier: apply it now.
+		return s.takeSnapshot(ctx, sub, h) && (len(s.queue) == 0 || s.drain(ctx, sub, h))
 	}
 	return true
 }
@@ -482,7 +495,7 @@ func (s *Subscriber) takeSnapshot(ctx context.Context, sub *receiver, h Handler)
 func (s *Subscriber) deliver(f frame, h Handler) {
 	s.seq.Apply(f.seq, f.payload)
 	s.stats.Batches.Add(1)
-	s.delivered, s.continuous = true, true
+	s.continuous = true
 	h.HandleBatch(f.seq, f.payload)
 }
 
@@ -522,15 +535,16 @@ const (
 // catchUp runs one replay to its end: it proves that the engine is the
 // incarnation the history came from, then delivers everything the engine
 // holds past the last applied batch (upto is the live seq that showed a gap,
-// or probe), holding live batches back in s.queue meanwhile. A new request
-// always goes out on a new connection, so no late reply to an earlier one can
-// crowd it. It returns false only when ctx ended: cancellation costs nothing.
+// or probe), holding live batches back in s.queue meanwhile. Every request
+// after the first goes out on a new connection, so no late reply to an
+// earlier one can crowd it. It returns false only when ctx ended:
+// cancellation costs nothing.
 func (s *Subscriber) catchUp(ctx context.Context, sub *receiver, h Handler, why purpose, upto uint64) bool {
 	if s.dealer != nil && s.dealer.dead() {
 		s.closeDealer() // the engine's ROUTER went away since the last replay
 	}
 	var r replayState
-	r.begin(&s.seq, upto, s.delivered, s.continuous)
+	r.begin(&s.seq, upto, s.continuous)
 	stall := max(s.cfg.ReplayTimeout/8, 50*time.Millisecond)
 	timer := time.NewTimer(s.cfg.ReplayTimeout)
 	defer timer.Stop()
@@ -542,7 +556,7 @@ func (s *Subscriber) catchUp(ctx context.Context, sub *receiver, h Handler, why 
 			askNow = false
 			if !s.request(ctx, r.ask(recheck)) {
 				if !s.retry(ctx, &live, &retry, &failingSince, why) {
-					return ctx.Err() == nil && s.giveUp(h, why, upto)
+					return ctx.Err() == nil && s.giveUp(h, why, &r)
 				}
 				askNow, recheck = true, false
 				continue
@@ -566,12 +580,17 @@ func (s *Subscriber) catchUp(ctx context.Context, sub *receiver, h Handler, why 
 			continue
 		case m, ok := <-s.dealer.msgs:
 			if !ok {
+				if ctx.Err() != nil {
+					return false // the socket closed because ctx ended
+				}
 				if st = r.timeout(); st.v == vFail {
 					s.replayFailed("receive", s.dealer.err)
 				}
 				break
 			}
-			timer.Reset(stall)
+			moves := r.moves
+			// Only a proof or a delivery keeps the replay alive: a peer that
+			// streams junk or duplicates runs into the stall timeout.
 			seq, payload, ok := parseReply(m)
 			if !ok {
 				s.stats.Malformed.Add(1)
@@ -579,11 +598,14 @@ func (s *Subscriber) catchUp(ctx context.Context, sub *receiver, h Handler, why 
 			}
 			if seq == endMarker {
 				if st = r.end(); st.v == vMissing {
-					s.missing(st, r.t.next(), upto, h)
+					s.missing(st, r.upto-st.lost, r.upto, h)
 					st.v = vDone
 				}
 			} else {
 				st = r.reply(seq, payload)
+			}
+			if r.moves != moves {
+				timer.Reset(stall)
 			}
 			switch st.v {
 			case vMissing:
@@ -592,7 +614,6 @@ func (s *Subscriber) catchUp(ctx context.Context, sub *receiver, h Handler, why 
 			case vDeliver:
 				s.stats.Replayed.Add(1)
 				s.stats.Batches.Add(1)
-				s.delivered = true
 				failingSince = time.Time{}
 				h.HandleBatch(seq, payload)
 				continue
@@ -609,7 +630,7 @@ func (s *Subscriber) catchUp(ctx context.Context, sub *receiver, h Handler, why 
 			askNow, recheck = true, true
 		case vRestart:
 			s.closeDealer()
-			if s.continuous || live == nil {
+			if s.continuous || live == nil || sub.dead() {
 				// The SUB carried the old incarnation: what it holds and
 				// brings is the dead engine's. Serve reconnects after this.
 				s.dropQueue()
@@ -622,6 +643,7 @@ func (s *Subscriber) catchUp(ctx context.Context, sub *receiver, h Handler, why 
 			askNow, recheck = true, false
 		case vDone:
 			s.continuous = live != nil // what the replay delivered is vouched for by the live connection
+			s.patienceSpent = false
 			if s.replayDown {
 				s.replayDown = false
 				s.cfg.Logger.Info("kvpipe/wire: replay endpoint reachable again", "endpoint", s.cfg.ReplayEndpoint)
@@ -630,7 +652,7 @@ func (s *Subscriber) catchUp(ctx context.Context, sub *receiver, h Handler, why 
 		case vFail:
 			s.closeDealer()
 			if !s.retry(ctx, &live, &retry, &failingSince, why) {
-				return ctx.Err() == nil && s.giveUp(h, why, upto)
+				return ctx.Err() == nil && s.giveUp(h, why, &r)
 			}
 			askNow, recheck = true, false
 		}
@@ -671,7 +693,9 @@ func (s *Subscriber) request(ctx context.Context, start uint64) bool {
 	var req [8]byte
 	binary.BigEndian.PutUint64(req[:], start)
 	if err := s.dealer.sock.Send(zmq4.NewMsgFrom(nil, req[:])); err != nil {
-		s.replayFailed("send", err)
+		if ctx.Err() == nil {
+			s.replayFailed("send", err)
+		}
 		s.closeDealer()
 		return false
 	}
@@ -687,7 +711,13 @@ func (s *Subscriber) retry(ctx context.Context, live *<-chan zmq4.Msg, b *pace.B
 	if since.IsZero() {
 		*since = now
 	}
-	if why == forTail || s.cfg.ReplayPatience < 0 || now.Sub(*since) >= s.cfg.ReplayPatience {
+	// A tail check makes one attempt, and so does any replay once this
+	// outage has had its patience: a dead endpoint must not hold up every gap.
+	if why == forTail || s.patienceSpent || s.cfg.ReplayPatience < 0 {
+		return false
+	}
+	if now.Sub(*since) >= s.cfg.ReplayPatience {
+		s.patienceSpent = true
 		return false
 	}
 	wait := time.NewTimer(b.Next())
@@ -710,12 +740,12 @@ func (s *Subscriber) retry(ctx context.Context, live *<-chan zmq4.Msg, b *pace.B
 
 // giveUp settles a replay that could not be made: a known gap is lost, an
 // unproven history is reset, a tail check just ends. It returns true.
-func (s *Subscriber) giveUp(h Handler, why purpose, upto uint64) bool {
+func (s *Subscriber) giveUp(h Handler, why purpose, r *replayState) bool {
 	_, started := s.seq.Last()
 	switch {
-	case why == forGap && started:
-		s.lose(upto-s.seq.next(), h, ResetGapLost)
-	case why == forProof && started:
+	case r.unfilled() > 0:
+		s.lose(r.unfilled(), h, ResetGapLost)
+	case why == forProof && started && !r.proven:
 		s.logf("continuity not proven: history unknown", "endpoint", s.cfg.ReplayEndpoint)
 		s.reset(h, ResetUnproven)
 	}
@@ -724,6 +754,9 @@ func (s *Subscriber) giveUp(h Handler, why purpose, upto uint64) bool {
 
 // missing settles batches from..to-1 that the engine no longer holds.
 func (s *Subscriber) missing(st step, from, to uint64, h Handler) {
+	if st.lost == 0 && !st.reset {
+		return // no history to miss: a router that joined late
+	}
 	s.stats.HistoryMissing.Add(1)
 	s.stats.Lost.Add(st.lost)
 	s.logf("replay buffer no longer holds the gap: history unknown", "endpoint", s.cfg.ReplayEndpoint, "from", from, "to", to, "lost", st.lost)

@@ -32,10 +32,10 @@ type conn struct {
 	once   sync.Once
 }
 
-func newConn(ctx context.Context, nc net.Conn, s settings) (net.Conn, error) {
+func newConn(ctx context.Context, nc net.Conn, s settings, deadline time.Time) (net.Conn, error) {
 	// zmq4's Open runs the handshake inside Dial with no timeout: the
 	// deadline bounds it, and is cleared once the peer's READY is in.
-	if err := nc.SetDeadline(time.Now().Add(s.HandshakeTimeout)); err != nil {
+	if err := nc.SetDeadline(deadline); err != nil {
 		nc.Close()
 		return nil, err
 	}

@@ -47,8 +47,8 @@ type Limits struct {
 	// MaxMessage bounds the bytes of one message, counting 64 bytes per
 	// frame on top of the frames' sizes (default DefaultMaxMessage).
 	MaxMessage int64
-	// HandshakeTimeout bounds the time from connect to the peer's READY
-	// (default DefaultHandshakeTimeout).
+	// HandshakeTimeout bounds the time from the start of the connect to
+	// the peer's READY (default DefaultHandshakeTimeout).
 	HandshakeTimeout time.Duration
 }
 
@@ -140,12 +140,18 @@ type guarded struct {
 	plain   transport.Transport
 }
 
+// Dial bounds connect and handshake together by HandshakeTimeout: zmq4's
+// own dialer waits minutes for a host that drops connection attempts.
 func (g guarded) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
-	nc, err := d.DialContext(ctx, g.network, addr)
+	s := fromContext(ctx)
+	deadline := time.Now().Add(s.HandshakeTimeout)
+	dctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	nc, err := d.DialContext(dctx, g.network, addr)
 	if err != nil {
 		return nil, err
 	}
-	return newConn(ctx, nc, fromContext(ctx))
+	return newConn(ctx, nc, s, deadline)
 }
 
 func (g guarded) Listen(ctx context.Context, addr string) (net.Listener, error) {

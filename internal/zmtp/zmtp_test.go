@@ -580,3 +580,26 @@ func TestUpstreamReadyPanics(t *testing.T) {
 		}()
 	}
 }
+
+// blackhole is a dialer whose connect never completes, as for a host that
+// drops connection attempts: only the context ends it.
+type blackhole struct{}
+
+func (blackhole) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// The connect counts toward HandshakeTimeout: zmq4's dialer would wait
+// minutes for a host that drops SYNs.
+func TestConnectIsBoundedByTheHandshakeTimeout(t *testing.T) {
+	ctx := WithLimits(context.Background(), Limits{HandshakeTimeout: 200 * time.Millisecond}, nil)
+	start := time.Now()
+	_, err := guarded{network: "tcp"}.Dial(ctx, blackhole{}, "10.0.0.1:1")
+	if err == nil {
+		t.Fatal("a connect that never completes succeeded")
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("Dial returned after %v, want about the 200ms handshake timeout", took)
+	}
+}
