@@ -2,46 +2,13 @@ package supervisor
 
 import (
 	"context"
-	"net"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/kvpipe/kvpipe/internal/ztest"
 	"github.com/prometheus/client_golang/prometheus"
 )
-
-// rawListener accepts TCP connections, writes script to each, and then
-// neither reads nor writes, as a wrong port, a hung process or a peer that
-// stops mid-handshake does.
-func rawListener(t *testing.T, script []byte) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	done := make(chan struct{})
-	wg.Go(func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				c.Write(script)
-				<-done
-				c.Close()
-			})
-		}
-	})
-	t.Cleanup(func() {
-		close(done)
-		l.Close()
-		wg.Wait()
-	})
-	return "tcp://" + l.Addr().String()
-}
 
 // within fails the test unless f returns within d.
 func within(t *testing.T, what string, d time.Duration, f func()) {
@@ -57,8 +24,8 @@ func within(t *testing.T, what string, d time.Duration, f func()) {
 // SIGSTOP after the handshake must not hold up any public call.
 func TestPublicCallsAreBoundedAgainstStuckPeers(t *testing.T) {
 	engine, ep, replay := startPyEngine(t)
-	silent := rawListener(t, nil)
-	half := rawListener(t, []byte{0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f}) // the first 10 greeting bytes, then nothing
+	silent := ztest.RawPeer(t, nil)
+	half := ztest.RawPeer(t, []byte{0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f}) // the first 10 greeting bytes, then nothing
 	reg := prometheus.NewRegistry()
 	p := startPipeline(t, Config{Registry: reg})
 	for name, eps := range map[string][2]string{"frozen": {ep, replay}, "silent": {silent, silent}, "half": {half, half}} {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-zeromq/zmq4"
 	"github.com/kvpipe/kvpipe/internal/ztest"
 )
 
@@ -138,5 +139,40 @@ func expectBatches(t *testing.T, rec *recorder, first uint64, bodies ...string) 
 		if c.seq != first+uint64(i) || c.body != want {
 			t.Fatalf("batch %d: got seq %d %q, want seq %d %q", i, c.seq, c.body, first+uint64(i), want)
 		}
+	}
+}
+
+// rawPUB is a bare zmq4 PUB bound to ep, for tests that write frames an
+// engine would not; it closes when the test ends.
+func rawPUB(t *testing.T, ep string) zmq4.Socket {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	raw := zmq4.NewPub(ctx)
+	if err := raw.Listen(ep); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		raw.Close()
+		cancel()
+	})
+	return raw
+}
+
+// rawSync calls send until the subscriber has something (PUB drops what is
+// sent before the subscription), then drains what is in flight.
+func rawSync(t *testing.T, rec *recorder, send func()) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if time.Now().After(deadline) {
+			t.Fatal("the subscriber never received anything")
+		}
+		send()
+		if _, quiet := rec.quiet(20 * time.Millisecond); !quiet {
+			break
+		}
+	}
+	for len(rec.calls) > 0 {
+		rec.next(t)
 	}
 }

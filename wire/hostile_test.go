@@ -3,46 +3,12 @@ package wire
 import (
 	"context"
 	"encoding/binary"
-	"io"
-	"net"
 	"runtime"
-	"sync"
 	"testing"
 	"time"
-)
 
-// rawPeer is a TCP peer that speaks as much ZMTP as script holds: it writes
-// script to every connection, discards what comes back, and holds the
-// connection until the test ends, so only kvpipe can end it.
-func rawPeer(t *testing.T, script []byte) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	done := make(chan struct{})
-	wg.Go(func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				defer c.Close()
-				c.Write(script)
-				go func() { <-done; c.Close() }()
-				io.Copy(io.Discard, c)
-			})
-		}
-	})
-	t.Cleanup(func() {
-		close(done)
-		l.Close()
-		wg.Wait()
-	})
-	return "tcp://" + l.Addr().String()
-}
+	"github.com/kvpipe/kvpipe/internal/ztest"
+)
 
 // zmtpPUB is a valid ZMTP 3.0 NULL greeting and a READY for a PUB socket.
 func zmtpPUB() []byte {
@@ -60,7 +26,7 @@ func zmtpPUB() []byte {
 // and Run ends on cancel.
 func TestOversizeFrameCostsOneConnection(t *testing.T) {
 	header := binary.BigEndian.AppendUint64([]byte{0x02}, 64<<30) // a long frame of 64 GiB
-	ep := rawPeer(t, append(zmtpPUB(), header...))
+	ep := ztest.RawPeer(t, append(zmtpPUB(), header...))
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
 	s, _ := startSubscriber(t, Config{Endpoint: ep})
@@ -85,7 +51,7 @@ func TestOversizeFrameCostsOneConnection(t *testing.T) {
 // replay endpoint: each handshake gives up after HandshakeTimeout, counted,
 // and cancelling Run returns at once.
 func TestSilentPeersAreBoundedInTime(t *testing.T) {
-	silent := rawPeer(t, nil)
+	silent := ztest.RawPeer(t, nil)
 	t.Run("pub", func(t *testing.T) {
 		s, err := NewSubscriber(Config{Endpoint: silent, HandshakeTimeout: 100 * time.Millisecond})
 		if err != nil {

@@ -209,28 +209,14 @@ func TestPublisherRestart(t *testing.T) {
 // is counted and skipped, the good ones all arrive.
 func TestMalformedMessagesAreSkipped(t *testing.T) {
 	ep := freeTCP(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	raw := zmq4.NewPub(ctx)
-	if err := raw.Listen(ep); err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
+	raw := rawPUB(t, ep)
 	s, rec := startSubscriber(t, Config{Endpoint: ep})
 	seq := uint64(0)
 	good := func() {
 		raw.Send(zmq4.NewMsgFrom([]byte(""), seqBytes(seq), body(int(seq))))
 		seq++
 	}
-	for { // wait for the subscription
-		good()
-		if _, quiet := rec.quiet(20 * time.Millisecond); !quiet {
-			break
-		}
-	}
-	for len(rec.calls) > 0 {
-		rec.next(t)
-	}
+	rawSync(t, rec, good)
 	start := seq
 	bad := []zmq4.Msg{
 		zmq4.NewMsgFrom([]byte(""), seqBytes(99)),                               // 2 frames
@@ -461,28 +447,13 @@ func TestCancelDuringAReplayIsNotALoss(t *testing.T) {
 // connection is a restart, without a round trip.
 func TestNewEpochIsARestart(t *testing.T) {
 	ep := freeTCP(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	raw := zmq4.NewPub(ctx)
-	if err := raw.Listen(ep); err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
+	raw := rawPUB(t, ep)
 	s, rec := startSubscriber(t, Config{Endpoint: ep, Topic: "kv"})
 	send := func(epoch string, seq uint64) {
 		raw.Send(zmq4.NewMsgFrom([]byte("kv\x00sgl-kv-epoch="+epoch), seqBytes(seq), body(int(seq))))
 	}
 	var seq uint64
-	for { // wait for the subscription
-		send("aaaa", seq)
-		seq++
-		if _, quiet := rec.quiet(20 * time.Millisecond); !quiet {
-			break
-		}
-	}
-	for len(rec.calls) > 0 {
-		rec.next(t)
-	}
+	rawSync(t, rec, func() { send("aaaa", seq); seq++ })
 	send("aaaa", seq)
 	expectBatches(t, rec, seq, string(body(int(seq))))
 	send("bbbb", seq+1) // in order, but from another lifecycle
@@ -501,25 +472,10 @@ func TestNewEpochIsARestart(t *testing.T) {
 // 2^40 lost batches.
 func TestImplausibleSeqJumpIsNotALoss(t *testing.T) {
 	ep := freeTCP(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	raw := zmq4.NewPub(ctx)
-	if err := raw.Listen(ep); err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
+	raw := rawPUB(t, ep)
 	s, rec := startSubscriber(t, Config{Endpoint: ep})
 	var seq uint64
-	for { // wait for the subscription
-		raw.Send(zmq4.NewMsgFrom(nil, seqBytes(seq), body(int(seq))))
-		seq++
-		if _, quiet := rec.quiet(20 * time.Millisecond); !quiet {
-			break
-		}
-	}
-	for len(rec.calls) > 0 {
-		rec.next(t)
-	}
+	rawSync(t, rec, func() { raw.Send(zmq4.NewMsgFrom(nil, seqBytes(seq), body(int(seq)))); seq++ })
 	jump := seq + 1<<40
 	raw.Send(zmq4.NewMsgFrom(nil, seqBytes(jump), body(1)))
 	if c := rec.next(t); !c.reset || c.why != ResetRestart {

@@ -4,6 +4,7 @@ package ztest
 
 import (
 	"net"
+	"sync"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -26,4 +27,37 @@ func FreeTCP(t testing.TB) string {
 // not of the subscriber path a router embeds, so that one is let through.
 func VerifyNoLeaks(m *testing.M) {
 	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+}
+
+// RawPeer is a TCP peer that speaks as much ZMTP as script holds: it writes
+// script to every connection it accepts and then neither reads nor writes,
+// holding the connection until the test ends (a wrong port, a hung process, a
+// peer that stops mid-handshake, or a hostile one). It returns a tcp:// endpoint.
+func RawPeer(t testing.TB, script []byte) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				c.Write(script)
+				<-done
+				c.Close()
+			})
+		}
+	})
+	t.Cleanup(func() {
+		close(done)
+		l.Close()
+		wg.Wait()
+	})
+	return "tcp://" + l.Addr().String()
 }

@@ -48,15 +48,14 @@ Driven over stdin/stdout by Go tests, one phase at a time:
 It says "ready EPOCH" once bound.
 """
 import argparse
-import os
-import select
 import struct
-import sys
 import time
 import uuid
 
 import msgpack
 import zmq
+
+from engine_pub import Commands, bind_soon  # the same directory: Python puts it on the path
 
 END = struct.pack(">q", -1)
 EPOCH_MARKER = b"\x00sgl-kv-epoch="
@@ -76,18 +75,6 @@ def stored(i, block_size, base):
         "GPU",
     ]
 
-
-def bind_soon(sock, endpoint):
-    """Binds as soon as the port is free: libzmq closes sockets in its I/O
-    thread, so a restart within milliseconds may find the old one still bound."""
-    for _ in range(2000):
-        try:
-            return sock.bind(endpoint)
-        except zmq.ZMQError as e:
-            if e.errno != zmq.EADDRINUSE:
-                raise
-            time.sleep(0.001)
-    sock.bind(endpoint)
 
 
 class Engine:
@@ -205,22 +192,6 @@ class Engine:
         except zmq.Again:
             pass  # a reader that does not drain within 500 ms loses the response, as in SGLang
 
-
-class Commands:
-    """Lines from stdin without blocking (select on the raw fd: Python's
-    buffered readline would hide a second line already read)."""
-
-    def __init__(self):
-        self.buf = b""
-
-    def next(self, timeout):
-        if b"\n" not in self.buf and select.select([sys.stdin], [], [], timeout)[0]:
-            chunk = os.read(sys.stdin.fileno(), 4096)
-            self.buf += chunk if chunk else b"quit\n"  # stdin closed: the test is gone
-        if b"\n" not in self.buf:
-            return None
-        line, self.buf = self.buf.split(b"\n", 1)
-        return line.decode().split() or None
 
 
 def main():
