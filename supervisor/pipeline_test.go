@@ -67,6 +67,12 @@ func startPipeline(t *testing.T, cfg Config) *Pipeline {
 		cfg.BlockSize = 16
 	}
 	cfg.Wire.ReconnectMin, cfg.Wire.ReconnectMax = 10*time.Millisecond, 100*time.Millisecond
+	return runPipeline(t, cfg)
+}
+
+// runPipeline runs a Pipeline of cfg as it is until the test ends.
+func runPipeline(t *testing.T, cfg Config) *Pipeline {
+	t.Helper()
 	p, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -147,6 +147,9 @@ func (r *replayState) end() step {
 		}
 		// The engine published these seqs and does not have them.
 		s := step{v: vMissing, lost: r.upto - next, reset: r.t.started}
+		if !r.lossy {
+			s.lost = 0 // before any history: nothing of ours
+		}
 		r.t.Reset()
 		return s
 	}

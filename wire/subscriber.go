@@ -423,6 +423,14 @@ func (s *Subscriber) drain(ctx context.Context, sub *receiver, h Handler) bool {
 			s.epoch = append(s.epoch[:0], f.epoch...)
 		}
 		outcome := s.seq.Classify(f.seq)
+		if outcome == First && f.seq > 0 && s.cfg.ReplayEndpoint != "" {
+			// The stream starts past 0: the engine's buffer may hold what
+			// the PUB sent before the subscription took hold.
+			if !s.catchUp(ctx, sub, h, forTail, f.seq) {
+				return false
+			}
+			outcome = s.seq.Classify(f.seq)
+		}
 		switch outcome {
 		case First, InOrder:
 			s.deliver(f, h)

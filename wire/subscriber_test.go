@@ -393,16 +393,18 @@ func TestCancelDuringAReplayIsNotALoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer router.Close()
-	requests := make(chan zmq4.Msg, 16)
-	go func() { // answers the first request with an empty buffer, then nothing
-		for n := 0; ; n++ {
+	requests := make(chan zmq4.Msg, 64)
+	var stall atomic.Bool
+	go func() { // answers with an empty buffer until stalled, then nothing
+		for {
 			m, err := router.Recv()
 			if err != nil {
 				close(requests)
 				return
 			}
-			requests <- m
-			if n == 0 {
+			if stall.Load() {
+				requests <- m
+			} else {
 				router.Send(zmq4.NewMsgFrom(m.Frames[0], nil, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, nil))
 			}
 		}
@@ -417,7 +419,7 @@ func TestCancelDuringAReplayIsNotALoss(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- s.Run(runCtx, rec) }()
 	syncUp(t, pub, rec)
-	<-requests // the replay at connect
+	stall.Store(true)
 	pub.Drop(body(0))
 	pub.Publish(body(1))
 	select {
