@@ -33,7 +33,15 @@ type listenSummary struct {
 	Filtered                                                 map[string]uint64
 }
 
-func startListen(t *testing.T, ep, replay string) *listening {
+// startListen runs the libzmq engine peer and `kvpipe listen` against it.
+func startListen(t *testing.T) (*listening, *enginepeer.Peer) {
+	ep, replay := freeTCP(t), freeTCP(t)
+	engine := enginepeer.Start(t, "../../wire/testdata/engine_pub.py", "--endpoint", ep, "--replay", replay)
+	engine.Expect("ready")
+	return listenTo(t, ep, replay), engine
+}
+
+func listenTo(t *testing.T, ep, replay string) *listening {
 	stdoutR, stdoutW := io.Pipe()
 	stderrR, stderrW := io.Pipe()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -95,10 +103,7 @@ func (l *listening) stop() (listenSummary, string) {
 // kvpipe listen against a vLLM-style libzmq publisher that drops batches on
 // its PUB: with the replay endpoint given, every batch arrives and "lost" is 0.
 func TestListenAgainstLibzmqEngine(t *testing.T) {
-	ep, replay := freeTCP(t), freeTCP(t)
-	engine := enginepeer.Start(t, "../../wire/testdata/engine_pub.py", "--endpoint", ep, "--replay", replay)
-	engine.Expect("ready")
-	l := startListen(t, ep, replay)
+	l, engine := startListen(t)
 	engine.Send("go")
 	engine.Send("batches 30 2,3,4,17")
 	engine.Expect("published")
@@ -117,10 +122,7 @@ func TestListenAgainstLibzmqEngine(t *testing.T) {
 // last one before listen's SUB is back: one restart, one resync, no loss, and
 // the index holds the new engine's blocks only.
 func TestListenReportsAFastRestart(t *testing.T) {
-	ep, replay := freeTCP(t), freeTCP(t)
-	engine := enginepeer.Start(t, "../../wire/testdata/engine_pub.py", "--endpoint", ep, "--replay", replay)
-	engine.Expect("ready")
-	l := startListen(t, ep, replay)
+	l, engine := startListen(t)
 	engine.Send("go")
 	engine.Send("chain 10 1000")
 	engine.Expect("published")
