@@ -1,6 +1,7 @@
 package codec
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -305,5 +306,37 @@ func TestMediumTierAndKind(t *testing.T) {
 		if got := IsMainAttention(kind); got != want {
 			t.Errorf("IsMainAttention(%q) = %v, want %v", kind, got, want)
 		}
+	}
+}
+
+// A Decoder needs no constructor: the zero value and a literal with only
+// Limits decode as NewDecoder's does (they panicked on the intern table, or
+// rejected everything with zero limits).
+func TestDecoderZeroValue(t *testing.T) {
+	e := Event{Type: BlockStored, BlockHashes: []uint64{7}, TokenIDs: make([]uint32, 16), BlockSize: 16, Medium: "a-new-medium"}
+	p := AppendBatch(nil, &Batch{TS: 1, Events: []Event{e}}, CurrentVLLM)
+	for name, d := range map[string]*Decoder{"zero": {}, "limits only": {Limits: DefaultLimits}, "one limit": {Limits: Limits{MaxTokens: 8}}} {
+		var b Batch
+		err := d.Decode(p, &b)
+		if name == "one limit" {
+			if err == nil {
+				t.Errorf("%s: 16 tokens past a limit of 8 decoded", name)
+			}
+			continue
+		}
+		if err != nil || len(b.Events) != 1 || b.Events[0].Medium != "a-new-medium" || len(b.Events[0].TokenIDs) != 16 {
+			t.Errorf("%s: %v, %+v", name, err, b.Events)
+		}
+	}
+}
+
+// A *Error wraps the msgpack reader's error, for errors.Is.
+func TestErrorUnwraps(t *testing.T) {
+	p := AppendBatch(nil, &Batch{TS: 1, Events: []Event{{Type: AllBlocksCleared}}}, CurrentVLLM)
+	var b Batch
+	err := NewDecoder().Decode(p[:len(p)-3], &b)
+	var ce *Error
+	if !errors.As(err, &ce) || !errors.Is(err, msgp.ErrShortBytes) {
+		t.Errorf("truncated batch: %v (%T); want a *codec.Error wrapping msgp.ErrShortBytes", err, err)
 	}
 }

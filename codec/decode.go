@@ -25,7 +25,11 @@ type Error struct {
 	Event int
 	Field string
 	Msg   string
+	Err   error // the msgpack reader's error behind Msg, if any (e.g. msgp.ErrShortBytes)
 }
+
+// Unwrap returns the msgpack reader's error behind e, for errors.Is and As.
+func (e *Error) Unwrap() error { return e.Err }
 
 func (e *Error) Error() string {
 	where := "batch"
@@ -40,10 +44,26 @@ func (e *Error) Error() string {
 
 // Decoder decodes payloads. It keeps an intern table for the strings that
 // repeat across events (medium, kind, lora name), so it is not safe for
-// concurrent use: give each goroutine its own.
+// concurrent use: give each goroutine its own. The zero value is ready to
+// use; a zero field of Limits takes DefaultLimits' value.
 type Decoder struct {
 	Limits  Limits
 	strings map[string]string
+}
+
+// limits is d.Limits with DefaultLimits in its zero fields.
+func (d *Decoder) limits() Limits {
+	l := d.Limits
+	if l.MaxEvents <= 0 {
+		l.MaxEvents = DefaultLimits.MaxEvents
+	}
+	if l.MaxBlocks <= 0 {
+		l.MaxBlocks = DefaultLimits.MaxBlocks
+	}
+	if l.MaxTokens <= 0 {
+		l.MaxTokens = DefaultLimits.MaxTokens
+	}
+	return l
 }
 
 // maxInterned bounds the intern table against payloads full of distinct strings.
@@ -65,6 +85,9 @@ func (d *Decoder) intern(b []byte) string {
 		return s
 	}
 	s := string(b)
+	if d.strings == nil {
+		d.strings = make(map[string]string)
+	}
 	if len(d.strings) < maxInterned {
 		d.strings[s] = s
 	}
@@ -153,7 +176,7 @@ func (d *Decoder) decodeBatch(p []byte, b *Batch) ([]byte, error) {
 }
 
 func (d *Decoder) decodeEvents(p []byte, b *Batch) ([]byte, error) {
-	n, p, err := readArrayHeader(p, d.Limits.MaxEvents)
+	n, p, err := readArrayHeader(p, d.limits().MaxEvents)
 	if err != nil {
 		return p, fieldErr("events", err, p)
 	}
@@ -471,7 +494,7 @@ func (d *Decoder) decodeField(f field, p []byte, e *Event, b *Batch) ([]byte, er
 }
 
 func (d *Decoder) readHashes(p []byte, e *Event) ([]byte, error) {
-	n, p, err := readArrayHeader(p, d.Limits.MaxBlocks)
+	n, p, err := readArrayHeader(p, d.limits().MaxBlocks)
 	if err != nil {
 		return p, err
 	}
@@ -487,7 +510,7 @@ func (d *Decoder) readHashes(p []byte, e *Event) ([]byte, error) {
 }
 
 func (d *Decoder) readTokens(p []byte, e *Event) ([]byte, error) {
-	n, p, err := readArrayHeader(p, d.Limits.MaxTokens)
+	n, p, err := readArrayHeader(p, d.limits().MaxTokens)
 	if err != nil {
 		return p, err
 	}
@@ -682,5 +705,5 @@ func fieldErr(field string, err error, p []byte) error {
 	if fe, ok := err.(*Error); ok {
 		return fe
 	}
-	return &Error{Event: -1, Field: field, Msg: describe(err, p)}
+	return &Error{Event: -1, Field: field, Msg: describe(err, p), Err: err}
 }

@@ -173,7 +173,7 @@ func readSeq(p []byte) (uint64, []byte, error) {
 
 // DecodeSnapshotChunk decodes the payload of a snapshot's "chunk" reply, an
 // array of at most MaxSnapshotChunkRecords records [parent_block_hash
-// (int or nil), block_hashes (at most d.Limits.MaxBlocks)], into dst[:0],
+// (int or nil), block_hashes (at most Limits.MaxBlocks)], into dst[:0],
 // reusing dst's storage and each element's Hashes: in steady state it
 // allocates nothing. Hashes are read as block hashes are in events: an int of
 // any width and sign with its 64 bits kept, or a bin digest whose last 8
@@ -250,7 +250,7 @@ func (d *Decoder) decodeSnapshotBlock(p []byte, blk *SnapshotBlock) ([]byte, err
 }
 
 func (d *Decoder) readSnapshotHashes(p []byte, blk *SnapshotBlock) ([]byte, error) {
-	n, p, err := readArrayHeader(p, d.Limits.MaxBlocks)
+	n, p, err := readArrayHeader(p, d.limits().MaxBlocks)
 	if err != nil {
 		return p, err
 	}
