@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvpipe/kvpipe/codec"
 )
 
 func TestDecodePrintsEveryGoldenVector(t *testing.T) {
@@ -52,6 +54,31 @@ func TestDecodeBadPayloadExitsOne(t *testing.T) {
 		code := run(context.Background(), []string{"decode", "--hex"}, strings.NewReader(in), &out, &errOut)
 		if code != 1 || errOut.Len() == 0 || out.Len() != 0 {
 			t.Errorf("input %q: exit %d, stderr %q, stdout %q; want 1, a message, nothing", in, code, errOut.String(), out.String())
+		}
+	}
+}
+
+// Engines send arbitrary bytes in string fields; every line must still be
+// valid JSON and read back as encoding/json reads the same bytes.
+func TestEventJSONIsValidForEveryString(t *testing.T) {
+	for _, s := range []string{"GPU", "a\x01b", "tab\tquote\"back\\slash", "\xff\xfe", "日本\x00", "\u2028", string([]byte{0xe6, 0x97})} {
+		e := codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{1}, Medium: s, LoraName: s, SpecKind: s}
+		line := appendEventJSON(nil, &e)
+		if !json.Valid(line) {
+			t.Errorf("%q: invalid JSON %s", s, line)
+			continue
+		}
+		var got struct {
+			Medium string `json:"medium"`
+		}
+		if err := json.Unmarshal(line, &got); err != nil {
+			t.Fatal(err)
+		}
+		ref, _ := json.Marshal(s) // encoding/json's reading of the same bytes
+		var want string
+		json.Unmarshal(ref, &want)
+		if got.Medium != want {
+			t.Errorf("%q: medium reads back %q, want %q", s, got.Medium, want)
 		}
 	}
 }

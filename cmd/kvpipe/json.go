@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"strconv"
+	"unicode/utf8"
 
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/tinylib/msgp/msgp"
@@ -12,11 +13,11 @@ import (
 // names; hashes are unsigned decimal, absent optional fields are null.
 func appendEventJSON(dst []byte, e *codec.Event) []byte {
 	dst = append(dst, `{"type":`...)
-	dst = strconv.AppendQuote(dst, e.Type.String())
+	dst = appendJSONString(dst, e.Type.String())
 	if e.Type == codec.AllBlocksCleared {
 		if e.Medium != "" {
 			dst = append(dst, `,"medium":`...)
-			dst = strconv.AppendQuote(dst, e.Medium)
+			dst = appendJSONString(dst, e.Medium)
 		}
 		return append(dst, '}')
 	}
@@ -84,5 +85,37 @@ func appendOptString(dst []byte, key, v string) []byte {
 	if v == "" {
 		return append(dst, "null"...)
 	}
-	return strconv.AppendQuote(dst, v)
+	return appendJSONString(dst, v)
+}
+
+// appendJSONString writes s as a JSON string. Engines send arbitrary bytes
+// in string fields: control bytes become \u00XX and invalid UTF-8 becomes
+// U+FFFD, as encoding/json does (strconv.AppendQuote would write \x01,
+// which is not JSON).
+func appendJSONString(dst []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	dst = append(dst, '"')
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c == '"' || c == '\\':
+				dst = append(dst, '\\', c)
+			case c < 0x20:
+				dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			default:
+				dst = append(dst, c)
+			}
+			i++
+			continue
+		}
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && n == 1 {
+			dst = append(dst, "\\ufffd"...)
+		} else {
+			dst = append(dst, s[i:i+n]...)
+		}
+		i += n
+	}
+	return append(dst, '"')
 }
