@@ -13,14 +13,11 @@ import (
 // Each iteration replays the whole trace and then an AllBlocksCleared per
 // worker, so the state returns to empty and steady-state allocations show.
 func BenchmarkActorPath(b *testing.B) {
-	path, ok := sim.FindTrace()
-	if !ok {
-		b.Skip("skipped: needs ../shared/traces/mooncake_conversation_trace.jsonl")
-	}
-	reqs, err := sim.LoadTrace(path, 0)
+	reqs, source, err := sim.Trace(0)
 	if err != nil {
 		b.Fatal(err)
 	}
+	b.Logf("trace: %s, %d requests", source, len(reqs))
 	const workers = 8
 	type step struct {
 		worker  int

@@ -42,15 +42,12 @@ var (
 )
 
 func load(b *testing.B) *workload {
-	path, ok := sim.FindTrace()
-	if !ok {
-		b.Skip("skipped: needs ../shared/traces/mooncake_conversation_trace.jsonl")
-	}
 	loadOnce.Do(func() {
-		reqs, err := sim.LoadTrace(path, traceRequests)
+		reqs, source, err := sim.Trace(traceRequests)
 		if err != nil {
 			b.Fatal(err)
 		}
+		b.Logf("trace: %s, %d requests", source, len(reqs))
 		w := &workload{clear: codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{{Type: codec.AllBlocksCleared}}}, codec.CurrentVLLM)}
 		var engines [workers]*sim.Engine
 		for i := range engines {

@@ -20,14 +20,11 @@ const benchWorkers = 8
 // (16-token blocks, so 32 per trace block; sticky routing by conversation) and
 // returns every engine step as an index batch, and each request's prompt keys.
 func mooncake(b *testing.B, limit int) (steps []Batch, prompts [][]uint64) {
-	path, ok := sim.FindTrace()
-	if !ok {
-		b.Skip("skipped: needs ../shared/traces/mooncake_conversation_trace.jsonl")
-	}
-	reqs, err := sim.LoadTrace(path, limit)
+	reqs, source, err := sim.Trace(limit)
 	if err != nil {
 		b.Fatal(err)
 	}
+	b.Logf("trace: %s, %d requests", source, len(reqs))
 	var engines [benchWorkers]*sim.Engine
 	var routerOf [benchWorkers]map[uint64]uint64
 	for w := range engines {

@@ -7,17 +7,21 @@ import (
 	"github.com/kvpipe/kvpipe/codec"
 )
 
-func TestTraceLoadsWhenPresent(t *testing.T) {
-	path, ok := FindTrace()
-	if !ok {
-		t.Skip("skipped: ../shared/traces/mooncake_conversation_trace.jsonl is absent")
-	}
-	reqs, err := LoadTrace(path, 0)
+// Trace gives the Mooncake trace where ../shared has it and the synthetic
+// one otherwise: the same number of requests, of the same shape.
+func TestTraceIsTheRealOneOrItsStandIn(t *testing.T) {
+	reqs, source, err := Trace(0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(reqs) != 12031 {
-		t.Errorf("%d requests, the trace's README says 12,031", len(reqs))
+	if _, present := FindTrace(); (source == "mooncake") != present {
+		t.Errorf("source %q with the trace present: %v", source, present)
+	}
+	if len(reqs) != TraceRequests {
+		t.Errorf("%s: %d requests, want %d (the trace's README)", source, len(reqs), TraceRequests)
+	}
+	if few, _, _ := Trace(10); len(few) != 10 {
+		t.Errorf("Trace(10) gave %d requests", len(few))
 	}
 	for i, r := range reqs[:100] {
 		if len(r.HashIDs) == 0 || (r.InputLength+TraceBlockTokens-1)/TraceBlockTokens != len(r.HashIDs) {

@@ -71,6 +71,26 @@ func LoadTrace(path string, limit int) ([]Request, error) {
 	return reqs, nil
 }
 
+// TraceRequests is how many requests the Mooncake conversation trace holds,
+// and so how many the synthetic one stands in with.
+const TraceRequests = 12031
+
+// Trace returns the Mooncake trace when ../shared/traces has it, and the
+// synthetic trace of its shape otherwise, so that no test or benchmark
+// skips on a fresh clone; source says which ("mooncake" or "synthetic").
+// limit > 0 stops after that many requests.
+func Trace(limit int) (reqs []Request, source string, err error) {
+	if path, ok := FindTrace(); ok {
+		reqs, err = LoadTrace(path, limit)
+		return reqs, "mooncake", err
+	}
+	n := TraceRequests
+	if limit > 0 {
+		n = min(n, limit)
+	}
+	return SyntheticTrace(n, 1), "synthetic", nil
+}
+
 // SyntheticTrace makes n requests shaped like Mooncake's conversations:
 // sessions that grow their prompt turn by turn over a shared system prefix.
 // It stands in when the real trace is absent; no line of it is copied.
