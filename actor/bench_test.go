@@ -72,8 +72,13 @@ func BenchmarkActorPath(b *testing.B) {
 			sec := b.Elapsed().Seconds()
 			b.ReportMetric(float64(events)*float64(b.N)/sec, "events/s")
 			b.ReportMetric(float64(blocks)*float64(b.N)/sec, "blocks/s")
-			if st := actors[0].Stats(); st.DecodeErrors.Load() != 0 || st.BlocksStored.Load() == 0 {
-				b.Fatalf("decode errors %d, blocks stored %d", st.DecodeErrors.Load(), st.BlocksStored.Load())
+			var decodeErrors, stored uint64
+			for _, a := range actors {
+				decodeErrors += a.Stats().DecodeErrors.Load()
+				stored += a.Stats().BlocksStored.Load()
+			}
+			if decodeErrors != 0 || stored == 0 {
+				b.Fatalf("decode errors %d, blocks stored %d", decodeErrors, stored)
 			}
 		})
 	}
