@@ -35,18 +35,33 @@ func TestInOrderOverTCPAndIPC(t *testing.T) {
 	}
 }
 
+// Two engines' streams on one endpoint: the subscriber gets its topic's,
+// in order, and none of the other's (which, with their own seqs, would also
+// show as gaps and restarts).
 func TestTopicFilter(t *testing.T) {
 	ep := freeTCP(t)
-	other := newPublisher(t, PublisherConfig{Endpoint: ep, Topic: "kv@worker-b"})
-	_, rec := startSubscriber(t, Config{Endpoint: ep, Topic: "kv@worker-a"})
-	for range 50 {
-		other.Publish([]byte("not for us"))
-		time.Sleep(2 * time.Millisecond)
+	raw := rawPUB(t, ep)
+	s, rec := startSubscriber(t, Config{Endpoint: ep, Topic: "kv@worker-a"})
+	var seqA, seqB uint64
+	send := func(topic string, seq *uint64, body string) {
+		raw.Send(zmq4.NewMsgFrom([]byte(topic), seqBytes(*seq), []byte(body)))
+		*seq++
 	}
-	if c, ok := rec.quiet(200 * time.Millisecond); !ok {
-		t.Errorf("received %+v on a topic it did not subscribe to", c)
+	rawSync(t, rec, func() { send("kv@worker-a", &seqA, "ours") })
+	first := seqA
+	var want []string
+	for range 30 {
+		send("kv@worker-b", &seqB, "not ours")
+		send("kv@worker-a", &seqA, "ours")
+		want = append(want, "ours")
 	}
-	other.Close()
+	expectBatches(t, rec, first, want...)
+	if c, ok := rec.quiet(100 * time.Millisecond); !ok {
+		t.Errorf("received %+v after the last of our batches", c)
+	}
+	if st := s.Stats(); st.Gaps.Load() != 0 || st.Restarts.Load() != 0 {
+		t.Errorf("gaps %d restarts %d: the other topic's seqs got through", st.Gaps.Load(), st.Restarts.Load())
+	}
 }
 
 func TestGapRecoveredThroughReplay(t *testing.T) {
@@ -256,9 +271,16 @@ func TestIdleWatchdogRebuildsTheSocket(t *testing.T) {
 	defer pub.Close()
 	s, rec := startSubscriber(t, Config{Endpoint: ep, IdleTimeout: 100 * time.Millisecond})
 	syncUp(t, pub, rec)
-	time.Sleep(350 * time.Millisecond)
-	if got := s.Stats().Reconnects.Load(); got < 1 {
-		t.Errorf("reconnects = %d after an idle spell, want at least 1", got)
+	// Nothing is published: only the watchdog can make a reconnect.
+	for deadline := time.Now().Add(5 * time.Second); s.Stats().Reconnects.Load() == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("no reconnect within 5s of an idle spell with a 100ms idle timeout")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// Without a replay endpoint nothing proves the engine is the same one.
+	if c := rec.next(t); !c.reset || c.why != ResetUnproven {
+		t.Errorf("after the idle reconnect: %+v, want an unproven reset", c)
 	}
 	syncUp(t, pub, rec) // and it still receives
 }
