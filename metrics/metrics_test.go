@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"os"
 	"strings"
 	"testing"
 
@@ -97,4 +98,41 @@ func labelled(t *testing.T, reg *prometheus.Registry, name, label, value string)
 	}
 	t.Fatalf("no %s{%s=%q}", name, label, value)
 	return 0
+}
+
+// Every metric the collector describes has its row in the README's metrics
+// table, so the table cannot drift from the code.
+func TestREADMEListsEveryMetric(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table strings.Builder
+	for _, line := range strings.Split(string(readme), "\n") {
+		if strings.HasPrefix(line, "| `") {
+			table.WriteString(line)
+		}
+	}
+	descs := make(chan *prometheus.Desc, 256)
+	NewCollector(func() Snapshot { return Snapshot{} }).Describe(descs)
+	NewFindMatchesHistogram().Describe(descs)
+	close(descs)
+	n := 0
+	for d := range descs {
+		// Desc has no name accessor; its String form quotes fqName.
+		s := d.String()
+		i := strings.Index(s, `fqName: "`)
+		if i < 0 {
+			t.Fatalf("cannot read the name of %s", s)
+		}
+		name := s[i+len(`fqName: "`):]
+		name = strings.TrimPrefix(name[:strings.IndexByte(name, '"')], "kvpipe_")
+		n++
+		if !strings.Contains(table.String(), "`"+name+"`") && !strings.Contains(table.String(), "`"+name+"{") {
+			t.Errorf("metric %s has no row in the README's metrics table", name)
+		}
+	}
+	if n < 30 {
+		t.Errorf("only %d metrics described: the name parsing is broken", n)
+	}
 }
