@@ -229,8 +229,11 @@ func BenchmarkLoopback(b *testing.B) {
 					})
 				}
 				wg.Wait()
-				for applied() < published.Load() {
+				for applied() < published.Load() { // every batch reached its actor
 					time.Sleep(time.Millisecond)
+				}
+				if err := p.Sync(context.Background()); err != nil { // and its shard applied it
+					b.Fatal(err)
 				}
 			}
 			ctx := context.Background()

@@ -82,8 +82,9 @@ type state struct {
 	workers map[string]*worker
 	nextID  index.WorkerID
 	closing bool
-	// removing waits for removed workers to stop and leave their shards.
-	removing sync.WaitGroup
+	// removing waits for removed workers to stop and leave their shards;
+	// syncing for Sync calls under way. Both end before the shards close.
+	removing, syncing sync.WaitGroup
 }
 
 type worker struct {
@@ -270,6 +271,24 @@ func (p *Pipeline) FindMatchesKeys(ctx context.Context, keys []uint64) ([]Match,
 	return matches, nil
 }
 
+// Sync waits until the shards have applied every batch the workers handed
+// them so far: answers asked after it reflect at least those batches.
+func (p *Pipeline) Sync(ctx context.Context) error {
+	var inflight *sync.WaitGroup
+	if err := p.do(func(s *state) error {
+		if s.closing {
+			return ErrClosed
+		}
+		s.syncing.Add(1) // the shards stay open until it is done
+		inflight = &s.syncing
+		return nil
+	}); err != nil {
+		return err
+	}
+	defer inflight.Done()
+	return p.shards.Sync(ctx)
+}
+
 // Run starts the workers and supervises them until ctx is done or Close is
 // called; then it drains and stops everything (as Close does) and returns.
 func (p *Pipeline) Run(ctx context.Context) error {
@@ -359,6 +378,7 @@ func (s *state) loop() {
 		s.group.Wait()
 	}
 	s.removing.Wait()
+	s.syncing.Wait()
 	s.p.shards.Close()
 	close(s.p.closed)
 }

@@ -426,3 +426,33 @@ func TestMatchSaysPartialAfterALoss(t *testing.T) {
 		t.Errorf("matches %+v after a loss, want one partial", ms)
 	}
 }
+
+// After Sync, an answer reflects every batch the actors had handed on; Sync
+// after Shutdown says so instead of touching closed shards.
+func TestSync(t *testing.T) {
+	e := newEngine(t)
+	p := startPipeline(t, Config{})
+	if err := p.AddWorker("w", e.ep, e.replay); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the subscription", nil, func() bool { return p.WorkerStats()["w"].Wire.Connected.Load() })
+	st := p.WorkerStats()["w"]
+	toks := prompt(3, 5)
+	e.store(toks, 16)
+	// A second batch reaching the actor means the first was handed on.
+	e.parent = 0
+	e.store(prompt(4, 1), 16)
+	eventually(t, "both batches at the actor", nil, func() bool { return st.Actor.BlocksStored.Load() >= 6 && st.Actor.Batches.Load() >= 2 })
+	if err := p.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := scores(t, p, toks)["w"]; got != 5 {
+		t.Errorf("after Sync the worker matches %d blocks, want 5", got)
+	}
+	if err := p.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Sync(context.Background()); err != ErrClosed {
+		t.Errorf("Sync after Shutdown: %v, want ErrClosed", err)
+	}
+}
