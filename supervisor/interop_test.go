@@ -32,6 +32,15 @@ func startPyEngine(t *testing.T, args ...string) (engine *enginepeer.Peer, ep, r
 	return engine, ep, replay
 }
 
+// subscribe adds worker "w" for the engine and waits until its probes arrive.
+func subscribe(t *testing.T, p *Pipeline, ep, replay string, opts ...WorkerOption) {
+	t.Helper()
+	if err := p.AddWorker("w", ep, replay, opts...); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the subscription", nil, func() bool { return p.WorkerStats()["w"].Wire.Batches.Load() > 0 })
+}
+
 // published reads the seq count from the engine's "published N" or "restarted N".
 func published(t *testing.T, line string) int {
 	t.Helper()
@@ -49,10 +58,7 @@ func published(t *testing.T, line string) int {
 func TestInteropRestartFasterThanTheReconnect(t *testing.T) {
 	engine, ep, replay := startPyEngine(t)
 	p := startPipeline(t, Config{})
-	if err := p.AddWorker("w", ep, replay); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "the subscription", nil, func() bool { return p.WorkerStats()["w"].Wire.Batches.Load() > 0 })
+	subscribe(t, p, ep, replay)
 	engine.Send("go")
 	engine.Send("chain 20 1000")
 	engine.Expect("published")
@@ -89,10 +95,7 @@ func TestInteropFloodAtHWM1LosesNothing(t *testing.T) {
 			cfg := Config{}
 			cfg.Wire.TailCheck = 100 * time.Millisecond
 			p := startPipeline(t, cfg)
-			if err := p.AddWorker("w", ep, replay); err != nil {
-				t.Fatal(err)
-			}
-			eventually(t, "the subscription", nil, func() bool { return p.WorkerStats()["w"].Wire.Batches.Load() > 0 })
+			subscribe(t, p, ep, replay)
 			engine.Send("go")
 			engine.Send("chain " + strconv.Itoa(batches) + " 1000")
 			engine.Expect("published")
@@ -124,10 +127,7 @@ func TestInteropSGLangSnapshotAfterALoss(t *testing.T) {
 	cfg := Config{}
 	cfg.Wire.TailCheck = 100 * time.Millisecond
 	p := startPipeline(t, cfg)
-	if err := p.AddWorker("w", ep, replay, WithSnapshotEndpoint(snap)); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "the subscription", nil, func() bool { return p.WorkerStats()["w"].Wire.Batches.Load() > 0 })
+	subscribe(t, p, ep, replay, WithSnapshotEndpoint(snap))
 	engine.Send("go")
 	engine.Send("batches 30 1000")
 	engine.Expect("published")
@@ -185,10 +185,7 @@ func TestInteropSGLangSnapshotRefused(t *testing.T) {
 		"--snapshot", snap, "--buffer", "5")
 	engine.Expect("ready")
 	p := startPipeline(t, Config{})
-	if err := p.AddWorker("w", ep, replay, WithSnapshotEndpoint(snap)); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "the subscription", nil, func() bool { return p.WorkerStats()["w"].Wire.Batches.Load() > 0 })
+	subscribe(t, p, ep, replay, WithSnapshotEndpoint(snap))
 	engine.Send("go")
 	engine.Send("snapshot-busy")
 	engine.Expect("armed")
