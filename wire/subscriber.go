@@ -291,11 +291,8 @@ func (s *Subscriber) serve(ctx context.Context, sub *receiver, h Handler) error 
 		if _, ok := s.seq.Last(); ok {
 			why = forProof
 		}
-		if !s.catchUp(ctx, sub, h, why, probe) || !s.drain(ctx, sub, h) {
-			return ctx.Err()
-		}
-		if s.staleSub {
-			return errStale
+		if err := s.settled(ctx, s.catchUp(ctx, sub, h, why, probe) && s.drain(ctx, sub, h)); err != nil {
+			return err
 		}
 	} else if _, ok := s.seq.Last(); ok {
 		s.reset(h, ResetUnproven)
@@ -329,11 +326,8 @@ func (s *Subscriber) serve(ctx context.Context, sub *receiver, h Handler) error 
 			s.stats.TailChecks.Add(1)
 			before := s.stats.Replayed.Load()
 			failures := s.failures()
-			if !s.catchUp(ctx, sub, h, forTail, probe) || !s.drain(ctx, sub, h) {
-				return ctx.Err()
-			}
-			if s.staleSub {
-				return errStale
+			if err := s.settled(ctx, s.catchUp(ctx, sub, h, forTail, probe) && s.drain(ctx, sub, h)); err != nil {
+				return err
 			}
 			switch {
 			case s.failures() != failures:
@@ -356,15 +350,24 @@ func (s *Subscriber) serve(ctx context.Context, sub *receiver, h Handler) error 
 			}
 			if f, ok := s.parseLive(m); ok {
 				s.queue = append(s.queue, f)
-				if !s.drain(ctx, sub, h) {
-					return ctx.Err()
-				}
-				if s.staleSub {
-					return errStale
+				if err := s.settled(ctx, s.drain(ctx, sub, h)); err != nil {
+					return err
 				}
 			}
 		}
 	}
+}
+
+// settled turns how catchUp and drain ended into serve's answer: ctx's
+// error when it ended, errStale when the SUB must be rebuilt, nil to go on.
+func (s *Subscriber) settled(ctx context.Context, ok bool) error {
+	switch {
+	case !ok:
+		return ctx.Err()
+	case s.staleSub:
+		return errStale
+	}
+	return nil
 }
 
 func (s *Subscriber) failures() uint64 {
