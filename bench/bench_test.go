@@ -15,7 +15,7 @@ import (
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/sim"
 	"github.com/kvpipe/kvpipe/supervisor"
-	"github.com/kvpipe/kvpipe/wire"
+	"github.com/kvpipe/kvpipe/wire/wiretest"
 )
 
 const (
@@ -174,9 +174,9 @@ func BenchmarkLoopback(b *testing.B) {
 			runDone := make(chan error, 1)
 			go func() { runDone <- p.Run(context.Background()) }()
 			defer func() { p.Close(); <-runDone }()
-			var pubs [workers]*wire.Publisher
+			var pubs [workers]*wiretest.Publisher
 			for i := range pubs {
-				pub, err := wire.NewPublisher(wire.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", BufferSteps: 1})
+				pub, err := wiretest.NewPublisher(wiretest.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", BufferSteps: 1})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/supervisor"
-	"github.com/kvpipe/kvpipe/wire"
+	"github.com/kvpipe/kvpipe/wire/wiretest"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -52,13 +52,13 @@ func Example() {
 	// Output: engine-0 holds 2 leading blocks
 }
 
-func exampleEngine() (pub *wire.Publisher, sub, replay string, stop func()) {
+func exampleEngine() (pub *wiretest.Publisher, sub, replay string, stop func()) {
 	dir, err := os.MkdirTemp("", "kvpipe-example") // ipc:// sockets need no free port
 	if err != nil {
 		log.Fatal(err)
 	}
 	sub, replay = "ipc://"+filepath.Join(dir, "pub"), "ipc://"+filepath.Join(dir, "replay")
-	pub, err = wire.NewPublisher(wire.PublisherConfig{Endpoint: sub, ReplayEndpoint: replay})
+	pub, err = wiretest.NewPublisher(wiretest.PublisherConfig{Endpoint: sub, ReplayEndpoint: replay})
 	if err != nil {
 		log.Fatal(err)
 	}

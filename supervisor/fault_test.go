@@ -1,7 +1,7 @@
 // Fault tests: the Pipeline against engines whose links are cut, stalled and
 // refused (internal/faultproxy), that restart, and that drop batches on the
 // PUB, with the simulated engine caches (internal/sim) as ground truth. Every
-// engine is a real wire.Publisher (PUB + ROUTER replay) on loopback.
+// engine is a real wiretest.Publisher (PUB + ROUTER replay) on loopback.
 //
 // TestFault's subtests, each with its deadline after the faults stop (20 s in
 // short mode, 120 s in long mode; measured with -race on 2 cores, they
@@ -70,6 +70,7 @@ import (
 	"github.com/kvpipe/kvpipe/internal/sim"
 	"github.com/kvpipe/kvpipe/internal/ztest"
 	"github.com/kvpipe/kvpipe/wire"
+	"github.com/kvpipe/kvpipe/wire/wiretest"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -133,7 +134,7 @@ func faultNow() float64 {
 }
 
 // faultEngine is one simulated engine: a sim.Engine cache (the ground truth)
-// behind a wire.Publisher, optionally reached through a proxy on each of its
+// behind a wiretest.Publisher, optionally reached through a proxy on each of its
 // two sockets. All its methods but the checks run in one goroutine at a time.
 type faultEngine struct {
 	t           testing.TB
@@ -145,7 +146,7 @@ type faultEngine struct {
 	capacity    int
 	withTopic   bool // replay replies in vLLM 0.26's [empty, topic, seq, payload]
 
-	pub         *wire.Publisher
+	pub         *wiretest.Publisher
 	cache       *sim.Engine // this incarnation's
 	incarnation int
 	trace       []sim.Request
@@ -235,10 +236,10 @@ func (e *faultEngine) endpoints() (string, string) {
 // ports were just released by the previous incarnation, so binding retries
 // for a while; once, with mayFail, it reports the error instead.
 func (e *faultEngine) open(mayFail bool) error {
-	cfg := wire.PublisherConfig{Endpoint: e.ep, ReplayEndpoint: e.replay, BufferSteps: e.bufferSteps, ReplyWithTopic: e.withTopic}
+	cfg := wiretest.PublisherConfig{Endpoint: e.ep, ReplayEndpoint: e.replay, BufferSteps: e.bufferSteps, ReplyWithTopic: e.withTopic}
 	var err error
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if e.pub, err = wire.NewPublisher(cfg); err == nil || mayFail || time.Now().After(deadline) {
+		if e.pub, err = wiretest.NewPublisher(cfg); err == nil || mayFail || time.Now().After(deadline) {
 			break
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/internal/ztest"
 	"github.com/kvpipe/kvpipe/wire"
+	"github.com/kvpipe/kvpipe/wire/wiretest"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
@@ -22,7 +23,7 @@ var freeTCP = ztest.FreeTCP
 
 // engine is a simulated engine: a real PUB and ROUTER on loopback.
 type engine struct {
-	pub          *wire.Publisher
+	pub          *wiretest.Publisher
 	ep, replay   string
 	next, parent uint64
 }
@@ -30,7 +31,7 @@ type engine struct {
 func newEngine(t testing.TB) *engine {
 	t.Helper()
 	e := &engine{ep: freeTCP(t), replay: freeTCP(t)}
-	pub, err := wire.NewPublisher(wire.PublisherConfig{Endpoint: e.ep, ReplayEndpoint: e.replay})
+	pub, err := wiretest.NewPublisher(wiretest.PublisherConfig{Endpoint: e.ep, ReplayEndpoint: e.replay})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/internal/enginepeer"
 	"github.com/kvpipe/kvpipe/internal/ztest"
+	"github.com/kvpipe/kvpipe/wire/wiretest"
 )
 
 // countingHandler counts batches and signals once it has seen want of
@@ -36,12 +37,12 @@ func (h *countingHandler) HandleBatch(seq uint64, payload []byte) {
 }
 func (h *countingHandler) HandleReset(ResetReason) {}
 
-// BenchmarkLoopbackTCP: a Go Publisher to a Go Subscriber over loopback TCP,
+// BenchmarkLoopbackTCP: a Go wiretest.Publisher to a Go Subscriber over loopback TCP,
 // one engine step (9 events, about 2.8 KB) per batch. allocs/op counts both
 // ends, since they share the process.
 func BenchmarkLoopbackTCP(b *testing.B) {
 	ep := "tcp://127.0.0.1:0"
-	pub, err := NewPublisher(PublisherConfig{Endpoint: ep, BufferSteps: 16})
+	pub, err := wiretest.NewPublisher(wiretest.PublisherConfig{Endpoint: ep, BufferSteps: 16})
 	if err != nil {
 		b.Fatal(err)
 	}

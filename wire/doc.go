@@ -1,6 +1,7 @@
 // Package wire is kvpipe's transport: a ZMQ SUB per engine that checks the
 // [topic, seq, payload] frames, orders batches by seq, recovers gaps through the
-// engine's ROUTER replay socket, and reconnects; plus an engine-identical Publisher.
+// engine's ROUTER replay socket, and reconnects. wire/wiretest holds an engine-identical
+// Publisher for tests and simulations.
 //
 // Continuity is proven, never assumed: every replay request starts at the
 // last seq applied, and the engine's copy of that batch must carry the same

@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/kvpipe/kvpipe/internal/ztest"
+	"github.com/kvpipe/kvpipe/wire/wiretest"
 )
 
 func TestMain(m *testing.M) { ztest.VerifyNoLeaks(m) }
@@ -90,7 +91,7 @@ func startSubscriber(t *testing.T, cfg Config) (*Subscriber, *recorder) {
 
 // syncUp publishes probe batches until the subscriber has one: PUB/SUB drops
 // whatever is sent before the subscription arrives. It returns the last probe's seq.
-func syncUp(t *testing.T, pub *Publisher, rec *recorder) uint64 {
+func syncUp(t *testing.T, pub *wiretest.Publisher, rec *recorder) uint64 {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
@@ -119,9 +120,9 @@ func body(i int) []byte { return fmt.Appendf(nil, "batch-%d", i) }
 
 func seqBytes(seq uint64) []byte { return binary.BigEndian.AppendUint64(nil, seq) }
 
-func newPublisher(t *testing.T, cfg PublisherConfig) *Publisher {
+func newPublisher(t *testing.T, cfg wiretest.PublisherConfig) *wiretest.Publisher {
 	t.Helper()
-	p, err := NewPublisher(cfg)
+	p, err := wiretest.NewPublisher(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

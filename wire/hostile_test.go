@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvpipe/kvpipe/internal/ztest"
+	"github.com/kvpipe/kvpipe/wire/wiretest"
 )
 
 // zmtpPUB is a valid ZMTP 3.0 NULL greeting and a READY for a PUB socket.
@@ -73,7 +74,7 @@ func TestSilentPeersAreBoundedInTime(t *testing.T) {
 	})
 	t.Run("replay", func(t *testing.T) {
 		ep := freeTCP(t)
-		pub := newPublisher(t, PublisherConfig{Endpoint: ep})
+		pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep})
 		defer pub.Close()
 		s, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: silent, HandshakeTimeout: 100 * time.Millisecond,
 			ReplayPatience: 400 * time.Millisecond, TailCheck: -1})

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/internal/enginepeer"
+	"github.com/kvpipe/kvpipe/wire/wiretest"
 )
 
 // realBatches reads handler calls until it has n batches with events,
@@ -124,11 +125,11 @@ type subLine struct {
 	Hashes []uint64 `json:"hashes"`
 }
 
-// The reverse: a libzmq SUB and DEALER read the Go Publisher's live stream
-// and replay replies, proving the Publisher is wire-identical to an engine.
+// The reverse: a libzmq SUB and DEALER read the Go wiretest.Publisher's live stream
+// and replay replies, proving the wiretest.Publisher is wire-identical to an engine.
 func TestInteropGoPublisherToLibzmqSubscriber(t *testing.T) {
 	ep, replay := freeTCP(t), freeTCP(t)
-	pub := newPublisher(t, PublisherConfig{Endpoint: ep, ReplayEndpoint: replay, Topic: "kv@w0", ReplyWithTopic: true})
+	pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep, ReplayEndpoint: replay, Topic: "kv@w0", ReplyWithTopic: true})
 	defer pub.Close()
 	probe := codec.AppendBatch(nil, &codec.Batch{TS: 1}, codec.CurrentVLLM)
 	// Seqs 0..9 are probes for sure; real batches follow from the first seq the subscriber sees + some.

@@ -7,6 +7,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/internal/zsock"
 )
 
 // SnapshotHandler is a Handler that can rebuild its worker from an engine's
@@ -31,7 +32,7 @@ var snapshotRequest = []byte("snapshot-v1")
 // meanwhile, and positions the stream at the snapshot's barrier. A failed
 // snapshot is counted; the worker stays partial, cleared if the failure came
 // after the header. It returns false only when ctx ended.
-func (s *Subscriber) snapshot(ctx context.Context, sub *receiver, h SnapshotHandler) bool {
+func (s *Subscriber) snapshot(ctx context.Context, sub *zsock.Receiver, h SnapshotHandler) bool {
 	sock, err := dial(ctx, zmq4.Dealer, s.cfg.SnapshotEndpoint, s.guard())
 	if err != nil {
 		if ctx.Err() != nil {
@@ -40,8 +41,8 @@ func (s *Subscriber) snapshot(ctx context.Context, sub *receiver, h SnapshotHand
 		s.snapshotFailed(h, false, "dial", err)
 		return true
 	}
-	r := startReceiver(sock, 64)
-	defer r.close()
+	r := zsock.Start(sock, 64)
+	defer r.Close()
 	if err := sock.Send(zmq4.NewMsgFrom(nil, snapshotRequest)); err != nil {
 		if ctx.Err() != nil {
 			return false
@@ -51,7 +52,7 @@ func (s *Subscriber) snapshot(ctx context.Context, sub *receiver, h SnapshotHand
 	}
 	timer := time.NewTimer(s.cfg.ReplayTimeout)
 	defer timer.Stop()
-	var live <-chan zmq4.Msg = sub.msgs
+	var live <-chan zmq4.Msg = sub.Msgs
 	var header codec.SnapshotHeader
 	begun, records := false, 0
 	for {
@@ -70,7 +71,7 @@ func (s *Subscriber) snapshot(ctx context.Context, sub *receiver, h SnapshotHand
 			} else {
 				s.hold(m)
 			}
-		case m, ok := <-r.msgs:
+		case m, ok := <-r.Msgs:
 			if !ok {
 				if ctx.Err() != nil {
 					if begun {
@@ -78,7 +79,7 @@ func (s *Subscriber) snapshot(ctx context.Context, sub *receiver, h SnapshotHand
 					}
 					return false
 				}
-				s.snapshotFailed(h, begun, "receive", r.err)
+				s.snapshotFailed(h, begun, "receive", r.Err())
 				return true
 			}
 			// [empty, kind, payload]

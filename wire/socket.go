@@ -35,64 +35,6 @@ func ValidateEndpoint(ep string) error {
 	return nil
 }
 
-// receiver owns one zmq4 socket and the goroutine that reads it. zmq4's Recv
-// has no timeout, and a socket closed while nobody reads leaks zmq4's own
-// reader goroutine, so the receiver always drains, and close drains again.
-type receiver struct {
-	sock zmq4.Socket
-	msgs chan zmq4.Msg // closed when Recv fails; err then says why
-	err  error
-	stop chan struct{}
-	done chan struct{}
-}
-
-func startReceiver(sock zmq4.Socket, depth int) *receiver {
-	r := &receiver{sock: sock, msgs: make(chan zmq4.Msg, depth), stop: make(chan struct{}), done: make(chan struct{})}
-	go r.loop()
-	return r
-}
-
-func (r *receiver) loop() {
-	defer close(r.done)
-	defer close(r.msgs)
-	for {
-		m, err := r.sock.Recv()
-		if err != nil {
-			r.err = err
-			return
-		}
-		select {
-		case r.msgs <- m:
-		case <-r.stop:
-			return
-		}
-	}
-}
-
-// dead reports whether the socket has failed (its peer went away).
-func (r *receiver) dead() bool {
-	select {
-	case <-r.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// close closes the socket and waits for the reader. It must be called once,
-// by the receiver's owner.
-func (r *receiver) close() {
-	close(r.stop)
-	r.sock.Close()
-	<-r.done
-	// zmq4 connection readers may be blocked handing over a last message;
-	// once the socket's context is done each Recv returns at once, taking one
-	// queued message or none.
-	for range 256 {
-		r.sock.Recv()
-	}
-}
-
 // Protocol error kinds, as counted in Stats.ProtocolErrors.
 const (
 	ProtoGreeting         = iota // not a ZMTP 3.x NULL greeting

@@ -14,6 +14,7 @@ import (
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/internal/pace"
 	"github.com/kvpipe/kvpipe/internal/zmtp"
+	"github.com/kvpipe/kvpipe/internal/zsock"
 )
 
 // Config configures the Subscriber of one worker.
@@ -157,8 +158,8 @@ type Subscriber struct {
 	// continuous: the last batch applied came while the current SUB
 	// connection was up, so the engine cannot have restarted since.
 	continuous bool
-	dealer     *receiver // replay socket, dialled on the first replay
-	queue      []frame   // live batches held while a replay runs
+	dealer     *zsock.Receiver // replay socket, dialled on the first replay
+	queue      []frame         // live batches held while a replay runs
 	// replayDown: the replay endpoint is unreachable; warned once per outage.
 	// patienceSpent: a replay already waited ReplayPatience for it.
 	replayDown, patienceSpent bool
@@ -254,7 +255,7 @@ func (s *Subscriber) Run(ctx context.Context, h Handler) error {
 	}
 }
 
-func (s *Subscriber) connect(ctx context.Context) (*receiver, error) {
+func (s *Subscriber) connect(ctx context.Context) (*zsock.Receiver, error) {
 	sock, err := dial(ctx, zmq4.Sub, s.cfg.Endpoint, s.guard())
 	if err != nil {
 		return nil, err
@@ -263,7 +264,7 @@ func (s *Subscriber) connect(ctx context.Context) (*receiver, error) {
 		sock.Close()
 		return nil, err
 	}
-	return startReceiver(sock, liveDepth), nil
+	return zsock.Start(sock, liveDepth), nil
 }
 
 var (
@@ -273,13 +274,13 @@ var (
 
 // serve handles one socket's messages until it fails, idles out or ctx
 // ends, and closes it, also when the handler panics.
-func (s *Subscriber) serve(ctx context.Context, sub *receiver, h Handler) error {
+func (s *Subscriber) serve(ctx context.Context, sub *zsock.Receiver, h Handler) error {
 	s.stats.Connected.Store(true)
 	s.continuous = false
 	defer func() {
 		s.stats.Connected.Store(false)
 		s.staleSub = false
-		sub.close()
+		sub.Close()
 		s.dropQueue()
 	}()
 	// A new connection may reach another incarnation of the engine: prove
@@ -338,9 +339,9 @@ func (s *Subscriber) serve(ctx context.Context, sub *receiver, h Handler) error 
 			default:
 				tailBackoff.Reset()
 			}
-		case m, ok := <-sub.msgs:
+		case m, ok := <-sub.Msgs:
 			if !ok {
-				return sub.err
+				return sub.Err()
 			}
 			if timer != nil {
 				timer.Reset(s.cfg.IdleTimeout)
@@ -394,7 +395,7 @@ func seqWidth(m zmq4.Msg) int {
 
 // drain applies the live batches in s.queue, and every live batch a replay
 // they set off held back. It returns false when ctx ended.
-func (s *Subscriber) drain(ctx context.Context, sub *receiver, h Handler) bool {
+func (s *Subscriber) drain(ctx context.Context, sub *zsock.Receiver, h Handler) bool {
 	for i := 0; i < len(s.queue); i++ { // a replay appends what it held back
 		if s.needSnapshot { // the snapshot takes over from the batches still held
 			n := copy(s.queue, s.queue[i:])
@@ -495,7 +496,7 @@ func (s *Subscriber) drain(ctx context.Context, sub *receiver, h Handler) bool {
 
 // takeSnapshot rebuilds the worker from the engine's snapshot when both
 // sides can; it returns false only when ctx ended.
-func (s *Subscriber) takeSnapshot(ctx context.Context, sub *receiver, h Handler) bool {
+func (s *Subscriber) takeSnapshot(ctx context.Context, sub *zsock.Receiver, h Handler) bool {
 	s.needSnapshot = false
 	if sh, ok := h.(SnapshotHandler); ok {
 		return s.snapshot(ctx, sub, sh)
@@ -550,8 +551,8 @@ const (
 // after the first goes out on a new connection, so no late reply to an
 // earlier one can crowd it. It returns false only when ctx ended:
 // cancellation costs nothing.
-func (s *Subscriber) catchUp(ctx context.Context, sub *receiver, h Handler, why purpose, upto uint64) bool {
-	if s.dealer != nil && s.dealer.dead() {
+func (s *Subscriber) catchUp(ctx context.Context, sub *zsock.Receiver, h Handler, why purpose, upto uint64) bool {
+	if s.dealer != nil && s.dealer.Dead() {
 		s.closeDealer() // the engine's ROUTER went away since the last replay
 	}
 	var r replayState
@@ -561,7 +562,7 @@ func (s *Subscriber) catchUp(ctx context.Context, sub *receiver, h Handler, why 
 	defer timer.Stop()
 	retry := pace.Backoff{Min: s.cfg.ReconnectMin, Max: s.cfg.ReconnectMax}
 	var failingSince time.Time
-	var live <-chan zmq4.Msg = sub.msgs
+	var live <-chan zmq4.Msg = sub.Msgs
 	for askNow, recheck := true, false; ; {
 		if askNow {
 			askNow = false
@@ -589,13 +590,13 @@ func (s *Subscriber) catchUp(ctx context.Context, sub *receiver, h Handler, why 
 				s.hold(m)
 			}
 			continue
-		case m, ok := <-s.dealer.msgs:
+		case m, ok := <-s.dealer.Msgs:
 			if !ok {
 				if ctx.Err() != nil {
 					return false // the socket closed because ctx ended
 				}
 				if st = r.timeout(); st.v == vFail {
-					s.replayFailed("receive", s.dealer.err)
+					s.replayFailed("receive", s.dealer.Err())
 				}
 				break
 			}
@@ -641,7 +642,7 @@ func (s *Subscriber) catchUp(ctx context.Context, sub *receiver, h Handler, why 
 			askNow, recheck = true, true
 		case vRestart:
 			s.closeDealer()
-			if s.continuous || live == nil || sub.dead() {
+			if s.continuous || live == nil || sub.Dead() {
 				// The SUB carried the old incarnation: what it holds and
 				// brings is the dead engine's. Serve reconnects after this.
 				s.dropQueue()
@@ -699,11 +700,11 @@ func (s *Subscriber) request(ctx context.Context, start uint64) bool {
 			}
 			return false
 		}
-		s.dealer = startReceiver(sock, liveDepth)
+		s.dealer = zsock.Start(sock, liveDepth)
 	}
 	var req [8]byte
 	binary.BigEndian.PutUint64(req[:], start)
-	if err := s.dealer.sock.Send(zmq4.NewMsgFrom(nil, req[:])); err != nil {
+	if err := s.dealer.Sock.Send(zmq4.NewMsgFrom(nil, req[:])); err != nil {
 		if ctx.Err() == nil {
 			s.replayFailed("send", err)
 		}
@@ -804,7 +805,7 @@ func (s *Subscriber) replayFailed(step string, err error) {
 
 func (s *Subscriber) closeDealer() {
 	if s.dealer != nil {
-		s.dealer.close()
+		s.dealer.Close()
 		s.dealer = nil
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/kvpipe/kvpipe/wire/wiretest"
 )
 
 func TestInOrderOverTCPAndIPC(t *testing.T) {
@@ -18,7 +19,7 @@ func TestInOrderOverTCPAndIPC(t *testing.T) {
 			if transport == "ipc" {
 				ep = tempIPC(t, "pub")
 			}
-			pub := newPublisher(t, PublisherConfig{Endpoint: ep})
+			pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep})
 			defer pub.Close()
 			s, rec := startSubscriber(t, Config{Endpoint: ep})
 			last := syncUp(t, pub, rec)
@@ -69,7 +70,7 @@ func TestGapRecoveredThroughReplay(t *testing.T) {
 		name := map[bool]string{false: "reply [empty seq payload]", true: "reply [empty topic seq payload]"}[withTopic]
 		t.Run(name, func(t *testing.T) {
 			ep, replay := freeTCP(t), freeTCP(t)
-			pub := newPublisher(t, PublisherConfig{Endpoint: ep, ReplayEndpoint: replay, Topic: "kv", ReplyWithTopic: withTopic})
+			pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep, ReplayEndpoint: replay, Topic: "kv", ReplyWithTopic: withTopic})
 			defer pub.Close()
 			s, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: replay, Topic: "kv"})
 			last := syncUp(t, pub, rec)
@@ -97,7 +98,7 @@ func TestGapRecoveredThroughReplay(t *testing.T) {
 
 func TestGapWithoutReplayIsCountedAndResets(t *testing.T) {
 	ep := freeTCP(t)
-	pub := newPublisher(t, PublisherConfig{Endpoint: ep})
+	pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep})
 	defer pub.Close()
 	s, rec := startSubscriber(t, Config{Endpoint: ep})
 	last := syncUp(t, pub, rec)
@@ -115,7 +116,7 @@ func TestGapWithoutReplayIsCountedAndResets(t *testing.T) {
 
 func TestReplayThatNoLongerHasTheGap(t *testing.T) {
 	ep, replay := freeTCP(t), freeTCP(t)
-	pub := newPublisher(t, PublisherConfig{Endpoint: ep, ReplayEndpoint: replay, BufferSteps: 4})
+	pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep, ReplayEndpoint: replay, BufferSteps: 4})
 	defer pub.Close()
 	s, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: replay})
 	last := syncUp(t, pub, rec)
@@ -143,7 +144,7 @@ func TestReplayThatNoLongerHasTheGap(t *testing.T) {
 
 func TestFailedPublishIsAGapReplayCannotFill(t *testing.T) {
 	ep, replay := freeTCP(t), freeTCP(t)
-	pub := newPublisher(t, PublisherConfig{Endpoint: ep, ReplayEndpoint: replay})
+	pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep, ReplayEndpoint: replay})
 	defer pub.Close()
 	s, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: replay})
 	last := syncUp(t, pub, rec)
@@ -160,7 +161,7 @@ func TestFailedPublishIsAGapReplayCannotFill(t *testing.T) {
 
 func TestReplayEndpointDownCountsTheLoss(t *testing.T) {
 	ep := freeTCP(t)
-	pub := newPublisher(t, PublisherConfig{Endpoint: ep})
+	pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep})
 	defer pub.Close()
 	s, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: freeTCP(t), ReplayTimeout: 200 * time.Millisecond,
 		ReplayPatience: 300 * time.Millisecond, TailCheck: -1})
@@ -182,7 +183,7 @@ func TestReplayEndpointDownCountsTheLoss(t *testing.T) {
 
 func TestPublisherRestart(t *testing.T) {
 	ep, replay := freeTCP(t), freeTCP(t)
-	pub := newPublisher(t, PublisherConfig{Endpoint: ep, ReplayEndpoint: replay})
+	pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep, ReplayEndpoint: replay})
 	s, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: replay})
 	syncUp(t, pub, rec)
 	for i := range 20 {
@@ -193,7 +194,7 @@ func TestPublisherRestart(t *testing.T) {
 	}
 	pub.Close()
 	time.Sleep(100 * time.Millisecond) // the engine is down for a while
-	pub = newPublisher(t, PublisherConfig{Endpoint: ep, ReplayEndpoint: replay})
+	pub = newPublisher(t, wiretest.PublisherConfig{Endpoint: ep, ReplayEndpoint: replay})
 	defer pub.Close()
 	// The restarted engine starts at 0 again. Until the SUB has reconnected
 	// its batches are lost, as with a real engine, so wait for a reset.
@@ -257,7 +258,7 @@ func TestSubscriberDialsBeforeThePublisherBinds(t *testing.T) {
 	ep := freeTCP(t)
 	s, rec := startSubscriber(t, Config{Endpoint: ep})
 	time.Sleep(150 * time.Millisecond) // several failed dials
-	pub := newPublisher(t, PublisherConfig{Endpoint: ep})
+	pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep})
 	defer pub.Close()
 	syncUp(t, pub, rec)
 	if !s.Stats().Connected.Load() {
@@ -267,7 +268,7 @@ func TestSubscriberDialsBeforeThePublisherBinds(t *testing.T) {
 
 func TestIdleWatchdogRebuildsTheSocket(t *testing.T) {
 	ep := freeTCP(t)
-	pub := newPublisher(t, PublisherConfig{Endpoint: ep})
+	pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep})
 	defer pub.Close()
 	s, rec := startSubscriber(t, Config{Endpoint: ep, IdleTimeout: 100 * time.Millisecond})
 	syncUp(t, pub, rec)
@@ -307,7 +308,7 @@ func TestConfigErrors(t *testing.T) {
 // burst; the tail check finds them in the replay buffer after a quiet spell.
 func TestTailCheckRecoversAQuietTail(t *testing.T) {
 	ep, replay := freeTCP(t), freeTCP(t)
-	pub := newPublisher(t, PublisherConfig{Endpoint: ep, ReplayEndpoint: replay})
+	pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep, ReplayEndpoint: replay})
 	defer pub.Close()
 	s, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: replay, TailCheck: 100 * time.Millisecond})
 	last := syncUp(t, pub, rec)
@@ -333,7 +334,7 @@ func TestTailCheckRecoversAQuietTail(t *testing.T) {
 // a replay must not be applied over; the subscriber asks again from the hole.
 func TestReplayWithAHoleAsksAgain(t *testing.T) {
 	ep, replay := freeTCP(t), freeTCP(t)
-	pub := newPublisher(t, PublisherConfig{Endpoint: ep})
+	pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep})
 	defer pub.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	router := zmq4.NewRouter(ctx)
@@ -406,7 +407,7 @@ func TestReplayWithAHoleAsksAgain(t *testing.T) {
 // reset, no lost batch, no failure counted.
 func TestCancelDuringAReplayIsNotALoss(t *testing.T) {
 	ep, replay := freeTCP(t), freeTCP(t)
-	pub := newPublisher(t, PublisherConfig{Endpoint: ep})
+	pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep})
 	defer pub.Close()
 	ctx, cancelRouter := context.WithCancel(context.Background())
 	defer cancelRouter()

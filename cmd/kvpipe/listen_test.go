@@ -13,7 +13,7 @@ import (
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/internal/enginepeer"
 	"github.com/kvpipe/kvpipe/internal/ztest"
-	"github.com/kvpipe/kvpipe/wire"
+	"github.com/kvpipe/kvpipe/wire/wiretest"
 )
 
 var freeTCP = ztest.FreeTCP
@@ -152,11 +152,11 @@ func TestListenFlagErrors(t *testing.T) {
 
 // Several engines at once, until --exit-after-batches.
 func TestListenSeveralWorkersExitsAfterBatches(t *testing.T) {
-	var pubs []*wire.Publisher
+	var pubs []*wiretest.Publisher
 	args := []string{"listen", "--json", "--exit-after-batches", "50"}
 	for _, name := range []string{"a", "b"} {
 		ep := freeTCP(t)
-		pub, err := wire.NewPublisher(wire.PublisherConfig{Endpoint: ep})
+		pub, err := wiretest.NewPublisher(wiretest.PublisherConfig{Endpoint: ep})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -29,7 +29,7 @@ import (
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/sim"
 	"github.com/kvpipe/kvpipe/supervisor"
-	"github.com/kvpipe/kvpipe/wire"
+	"github.com/kvpipe/kvpipe/wire/wiretest"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -65,7 +65,7 @@ func main() {
 type engine struct {
 	name     string
 	cache    *sim.Engine
-	pub      *wire.Publisher
+	pub      *wiretest.Publisher
 	requests chan *sim.Request
 	done     chan struct{}
 	// Read after done is closed.
@@ -137,7 +137,7 @@ func run(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	for i := range engines {
 		// A simulated step carries a whole prompt (about 100 KB), so keep fewer
 		// of them for replay than vLLM's 10,000.
-		pub, err := wire.NewPublisher(wire.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: 1000})
+		pub, err := wiretest.NewPublisher(wiretest.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: 1000})
 		if err != nil {
 			return err
 		}

@@ -1,4 +1,7 @@
-package wire
+// Package wiretest provides an engine-identical ZMQ publisher for tests and
+// simulations, with fault hooks (a batch dropped as a PUB past its high-water
+// mark drops it, a seq consumed by a failed publish), as net/http/httptest does.
+package wiretest
 
 import (
 	"context"
@@ -8,6 +11,7 @@ import (
 	"log"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/kvpipe/kvpipe/internal/zsock"
 )
 
 // PublisherConfig configures a Publisher.
@@ -29,7 +33,7 @@ type PublisherConfig struct {
 type Publisher struct {
 	cfg     PublisherConfig
 	pub     zmq4.Socket
-	router  *receiver
+	router  *zsock.Receiver
 	nextSeq uint64 // owned by the goroutine calling Publish
 	in      chan published
 	done    chan struct{}
@@ -54,7 +58,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if err := p.pub.Listen(cfg.Endpoint); err != nil {
 		cancel()
 		p.pub.Close()
-		return nil, fmt.Errorf("wire: publisher: %w", err)
+		return nil, fmt.Errorf("wiretest: publisher: %w", err)
 	}
 	if cfg.ReplayEndpoint != "" {
 		router := zmq4.NewRouter(ctx, quiet)
@@ -62,9 +66,9 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 			cancel()
 			p.pub.Close()
 			router.Close()
-			return nil, fmt.Errorf("wire: publisher replay: %w", err)
+			return nil, fmt.Errorf("wiretest: publisher replay: %w", err)
 		}
-		p.router = startReceiver(router, 64)
+		p.router = zsock.Start(router, 64)
 	}
 	go p.loop()
 	return p, nil
@@ -78,7 +82,7 @@ func (p *Publisher) ReplayAddr() string {
 	if p.router == nil {
 		return ""
 	}
-	return p.router.sock.Addr().String()
+	return p.router.Sock.Addr().String()
 }
 
 // Publish sends one batch and returns its seq. The publisher keeps payload
@@ -111,7 +115,7 @@ func (p *Publisher) Close() error {
 	<-p.done
 	p.cancel()
 	if p.router != nil {
-		p.router.close()
+		p.router.Close()
 	}
 	return p.pub.Close()
 }
@@ -122,7 +126,7 @@ func (p *Publisher) loop() {
 	head := 0 // index of the oldest batch once the ring is full
 	var requests <-chan zmq4.Msg
 	if p.router != nil {
-		requests = p.router.msgs
+		requests = p.router.Msgs
 	}
 	topic := []byte(p.cfg.Topic)
 	for {
@@ -163,7 +167,7 @@ func (p *Publisher) answer(req zmq4.Msg, ring []published, head int) {
 		if p.cfg.ReplyWithTopic {
 			frames = append(frames, []byte(p.cfg.Topic))
 		}
-		p.router.sock.Send(zmq4.NewMsgFrom(append(frames, seq, payload)...))
+		p.router.Sock.Send(zmq4.NewMsgFrom(append(frames, seq, payload)...))
 	}
 	for i := range ring {
 		b := ring[(head+i)%len(ring)]
