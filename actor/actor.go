@@ -43,32 +43,94 @@ const (
 
 // Config configures the actor of one worker.
 type Config struct {
-	Worker       index.WorkerID
-	Name         string // for logs
-	BlockSize    int    // the router's block size, e.g. 16
+	Worker    index.WorkerID
+	Name      string // for logs
+	BlockSize int    // the router's block size, e.g. 16
+	// Shard is the worker's shard queue. Its capacity is the bound on the
+	// actor's batches in flight: the actor makes batches as needed, up to
+	// that many and two more (one being applied, one being filled).
 	Shard        chan<- *index.Batch
 	Backpressure Backpressure
-	Logger       *slog.Logger
+	// Done, when closed, abandons a send the shard is not taking: the worker
+	// is stopping, and its entries go with it.
+	Done   <-chan struct{}
+	Logger *slog.Logger
 }
 
-// Stats counts what one actor did. Any goroutine may read it.
+// Stats is a snapshot of what one actor did.
 type Stats struct {
-	Batches, DecodeErrors        atomic.Uint64
-	Stored, Removed, Cleared     atomic.Uint64 // events by type, as received
-	Filtered                     [NumReasons]atomic.Uint64
-	BlocksStored, BlocksRemoved  atomic.Uint64 // router blocks sent to the index
-	TokenMismatch, UnknownParent atomic.Uint64
-	UnknownRemove, SizeWarnings  atomic.Uint64
-	Resyncs, DroppedBatches      atomic.Uint64
-	IndexedBlocks                atomic.Int64 // blocks this worker holds in the index
+	Batches, DecodeErrors        uint64
+	Stored, Removed, Cleared     uint64 // events by type, as received
+	Filtered                     [NumReasons]uint64
+	BlocksStored, BlocksRemoved  uint64 // router blocks sent to the index
+	TokenMismatch, UnknownParent uint64
+	UnknownRemove, SizeWarnings  uint64
+	Resyncs, DroppedBatches      uint64
+	IndexedBlocks                int64 // blocks this worker holds in the index
 	// Partial: the index may lack blocks the engine holds, because the
 	// stream since the start or the last reset did not begin from an empty
-	// cache (seq 0 of an incarnation, or an AllBlocksCleared).
-	Partial atomic.Bool
+	// cache (seq 0 of an incarnation, or an AllBlocksCleared). Add ORs it.
+	Partial bool
 	// SnapshotBlocks are blocks an engine snapshot put back into the index;
 	// SnapshotUnmapped the ones it named that this worker never told of
 	// (no tokens in a snapshot: their keys cannot be computed).
+	SnapshotBlocks, SnapshotUnmapped uint64
+}
+
+// Add adds o's counts to s, as when summing workers.
+func (s *Stats) Add(o Stats) {
+	s.Batches += o.Batches
+	s.DecodeErrors += o.DecodeErrors
+	s.Stored += o.Stored
+	s.Removed += o.Removed
+	s.Cleared += o.Cleared
+	for i := range s.Filtered {
+		s.Filtered[i] += o.Filtered[i]
+	}
+	s.BlocksStored += o.BlocksStored
+	s.BlocksRemoved += o.BlocksRemoved
+	s.TokenMismatch += o.TokenMismatch
+	s.UnknownParent += o.UnknownParent
+	s.UnknownRemove += o.UnknownRemove
+	s.SizeWarnings += o.SizeWarnings
+	s.Resyncs += o.Resyncs
+	s.DroppedBatches += o.DroppedBatches
+	s.IndexedBlocks += o.IndexedBlocks
+	s.Partial = s.Partial || o.Partial
+	s.SnapshotBlocks += o.SnapshotBlocks
+	s.SnapshotUnmapped += o.SnapshotUnmapped
+}
+
+// counters are the live Stats: written by the actor's goroutine, read by
+// Stats from any goroutine.
+type counters struct {
+	Batches, DecodeErrors            atomic.Uint64
+	Stored, Removed, Cleared         atomic.Uint64
+	Filtered                         [NumReasons]atomic.Uint64
+	BlocksStored, BlocksRemoved      atomic.Uint64
+	TokenMismatch, UnknownParent     atomic.Uint64
+	UnknownRemove, SizeWarnings      atomic.Uint64
+	Resyncs, DroppedBatches          atomic.Uint64
+	IndexedBlocks                    atomic.Int64
+	Partial                          atomic.Bool
 	SnapshotBlocks, SnapshotUnmapped atomic.Uint64
+}
+
+func (c *counters) load() Stats {
+	st := Stats{
+		Batches: c.Batches.Load(), DecodeErrors: c.DecodeErrors.Load(),
+		Stored: c.Stored.Load(), Removed: c.Removed.Load(), Cleared: c.Cleared.Load(),
+		BlocksStored: c.BlocksStored.Load(), BlocksRemoved: c.BlocksRemoved.Load(),
+		TokenMismatch: c.TokenMismatch.Load(), UnknownParent: c.UnknownParent.Load(),
+		UnknownRemove: c.UnknownRemove.Load(), SizeWarnings: c.SizeWarnings.Load(),
+		Resyncs: c.Resyncs.Load(), DroppedBatches: c.DroppedBatches.Load(),
+		IndexedBlocks: c.IndexedBlocks.Load(), Partial: c.Partial.Load(),
+		SnapshotBlocks: c.SnapshotBlocks.Load(), SnapshotUnmapped: c.SnapshotUnmapped.Load(),
+	}
+	for i := range c.Filtered {
+		st.Filtered[i] = c.Filtered[i].Load()
+	}
+	return st
 }
 
 // block is what the actor knows of one engine block.
@@ -83,22 +145,21 @@ type block struct {
 // after losses holds many blocks the engine evicted unseen, so it is dropped.
 const maxKept = 1 << 21
 
-// poolSize is how many batches an actor has in flight to its shard at most.
-const poolSize = 4
-
 // Actor normalises one worker's events and sends them to its shard. It is a
 // wire.Handler: its state is owned by the goroutine running the worker's
 // Subscriber, and needs no lock.
 type Actor struct {
 	cfg     Config
-	stats   Stats
+	stats   counters
 	decoder *codec.Decoder
 	batch   codec.Batch
 	hasher  index.Hasher
-	free    chan *index.Batch
-	out     *index.Batch // being filled; nil until the first op
-	resync  bool         // a dropped batch left the index behind: clear first
-	fresh   bool         // no batch since the start or the last reset
+	free    chan *index.Batch // batches the shard handed back
+	made    int               // batches made so far, at most cap(free)
+	spare   *index.Batch      // filled when no batch is free in Drop mode, never sent
+	out     *index.Batch      // being filled; nil until the first op
+	resync  bool              // a dropped batch left the index behind: clear first
+	fresh   bool              // no batch since the start or the last reset
 
 	// routerOf maps the engine's block hash to the router's, for chaining
 	// parents and for removes. It survives a resync within one engine
@@ -124,18 +185,23 @@ func New(cfg Config) *Actor {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	a := &Actor{cfg: cfg, decoder: codec.NewDecoder(), free: make(chan *index.Batch, poolSize), warn: pace.Limiter{Every: time.Second},
-		routerOf: make(map[uint64]block), mainGroup: make(map[int]bool)}
-	for range poolSize {
-		a.free <- &index.Batch{Worker: cfg.Worker, Return: a.free}
+	if cfg.Done == nil {
+		cfg.Done = make(chan struct{}) // never closed
 	}
+	a := &Actor{cfg: cfg, decoder: codec.NewDecoder(), free: make(chan *index.Batch, cap(cfg.Shard)+2),
+		spare: &index.Batch{Worker: cfg.Worker}, warn: pace.Limiter{Every: time.Second},
+		routerOf: make(map[uint64]block), mainGroup: make(map[int]bool)}
 	a.fresh = true
 	a.stats.Partial.Store(true)
 	return a
 }
 
-// Stats returns the actor's counters.
-func (a *Actor) Stats() *Stats { return &a.stats }
+// Stats returns a snapshot of the actor's counters; any goroutine may call it.
+func (a *Actor) Stats() Stats { return a.stats.load() }
+
+// Partial reports Stats().Partial without reading the other counters, for
+// the read path.
+func (a *Actor) Partial() bool { return a.stats.Partial.Load() }
 
 var _ wire.SnapshotHandler = (*Actor)(nil)
 
@@ -431,17 +497,29 @@ func (a *Actor) emit(kind index.OpKind, h uint64) {
 	a.out.Ops = append(a.out.Ops, index.Op{Kind: kind, Hash: h})
 }
 
-// take returns a free batch, waiting for the shard to hand one back.
+// take returns a batch to fill: a free one, a new one while fewer than
+// the bound exist, or else (Block) the next one the shard hands back. In
+// Drop mode, or once Done, it is the spare, which flush drops: overload
+// allocates nothing.
 func (a *Actor) take() *index.Batch {
-	if a.cfg.Backpressure == Drop {
-		select {
-		case b := <-a.free:
-			return b
-		default:
-			return &index.Batch{Worker: a.cfg.Worker} // not returned to the pool
-		}
+	select {
+	case b := <-a.free:
+		return b
+	default:
 	}
-	return <-a.free
+	if a.made < cap(a.free) {
+		a.made++
+		return &index.Batch{Worker: a.cfg.Worker, Return: a.free}
+	}
+	if a.cfg.Backpressure == Drop {
+		return a.spare
+	}
+	select {
+	case b := <-a.free:
+		return b
+	case <-a.cfg.Done:
+		return a.spare
+	}
 }
 
 func (a *Actor) flush() {
@@ -450,28 +528,49 @@ func (a *Actor) flush() {
 		return
 	}
 	a.out = nil
+	if b == a.spare {
+		a.drop(b)
+		return
+	}
 	if a.resync {
 		// Entries were lost with a dropped batch: start the worker afresh.
-		b.Ops = append([]index.Op{{Kind: index.OpClearWorker}}, b.Ops...)
+		b.Ops = append(b.Ops, index.Op{})
+		copy(b.Ops[1:], b.Ops)
+		b.Ops[0] = index.Op{Kind: index.OpClearWorker}
 		a.resync = false
 	}
 	if a.cfg.Backpressure == Block {
-		a.cfg.Shard <- b
-		return
+		select {
+		case a.cfg.Shard <- b:
+			return
+		case <-a.cfg.Done:
+		}
+	} else {
+		select {
+		case a.cfg.Shard <- b:
+			return
+		default:
+		}
 	}
+	a.drop(b)
+}
+
+// drop discards b's ops: the index has lost them, so the worker is resynced
+// (its entries cleared) with the next batch that gets through.
+func (a *Actor) drop(b *index.Batch) {
 	select {
-	case a.cfg.Shard <- b:
+	case <-a.cfg.Done: // stopping: not an overload
 	default:
 		a.stats.DroppedBatches.Add(1)
-		a.resync = true // the next batch that gets through clears the worker first
-		a.gen++         // the mapping stays true: the engine is the same
-		a.fullSeen = false
-		a.stats.IndexedBlocks.Store(0)
-		a.stats.Partial.Store(true)
-		if b.Return != nil {
-			b.Ops = b.Ops[:0]
-			a.free <- b
-		}
+	}
+	a.resync = true
+	a.gen++ // the mapping stays true: the engine is the same
+	a.fullSeen = false
+	a.stats.IndexedBlocks.Store(0)
+	a.stats.Partial.Store(true)
+	b.Ops = b.Ops[:0]
+	if b != a.spare {
+		a.free <- b
 	}
 }
 

@@ -116,11 +116,11 @@ func TestNormalisationRules(t *testing.T) {
 			}
 			st := h.a.Stats()
 			for r := range NumReasons {
-				if got := st.Filtered[r].Load(); got != tc.filtered[r] {
+				if got := st.Filtered[r]; got != tc.filtered[r] {
 					t.Errorf("filtered[%v] = %d, want %d", r, got, tc.filtered[r])
 				}
 			}
-			if got := st.SizeWarnings.Load(); got != tc.warnings {
+			if got := st.SizeWarnings; got != tc.warnings {
 				t.Errorf("size warnings = %d, want %d", got, tc.warnings)
 			}
 		})
@@ -131,7 +131,7 @@ func TestHistoryIsPerWorker(t *testing.T) {
 	a, b := newHarness(t), newHarness(t)
 	a.send(stored(1, 16), stored(2, 4))
 	b.send(stored(3, 4))
-	if a.a.Stats().Filtered[PartialBlock].Load() != 1 || b.a.Stats().Filtered[PartialBlock].Load() != 0 || b.stores() != 1 {
+	if a.a.Stats().Filtered[PartialBlock] != 1 || b.a.Stats().Filtered[PartialBlock] != 0 || b.stores() != 1 {
 		t.Errorf("worker b was judged by worker a's history")
 	}
 }
@@ -158,15 +158,15 @@ func TestConversion(t *testing.T) {
 		toks := tokens(8, 2, 16)
 		h.send(codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{80}, ParentHash: 999, HasParent: true, TokenIDs: toks[:16], BlockSize: 16},
 			codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{81}, ParentHash: 80, HasParent: true, TokenIDs: toks[16:], BlockSize: 16})
-		if h.a.Stats().UnknownParent.Load() != 2 || len(h.ops) != 0 {
-			t.Errorf("ops %v, unknown_parent %d; want none and 2", h.ops, h.a.Stats().UnknownParent.Load())
+		if h.a.Stats().UnknownParent != 2 || len(h.ops) != 0 {
+			t.Errorf("ops %v, unknown_parent %d; want none and 2", h.ops, h.a.Stats().UnknownParent)
 		}
 	})
 	t.Run("tokens short of the blocks convert up to the last whole block", func(t *testing.T) {
 		h := newHarness(t)
 		h.send(codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{1, 2, 3}, TokenIDs: tokens(1, 2, 16)[:20], BlockSize: 16})
-		if h.stores() != 1 || h.a.Stats().TokenMismatch.Load() != 1 {
-			t.Errorf("stores %d, token_mismatch %d; want 1 and 1", h.stores(), h.a.Stats().TokenMismatch.Load())
+		if h.stores() != 1 || h.a.Stats().TokenMismatch != 1 {
+			t.Errorf("stores %d, token_mismatch %d; want 1 and 1", h.stores(), h.a.Stats().TokenMismatch)
 		}
 	})
 	t.Run("removes map engine hashes to router hashes; unknown ones are counted", func(t *testing.T) {
@@ -175,15 +175,15 @@ func TestConversion(t *testing.T) {
 		if len(h.ops) != 2 || h.ops[1].Kind != index.OpRemove || h.ops[1].Hash != h.ops[0].Hash {
 			t.Fatalf("ops %v", h.ops)
 		}
-		if h.a.Stats().UnknownRemove.Load() != 1 {
-			t.Errorf("unknown_remove = %d, want 1", h.a.Stats().UnknownRemove.Load())
+		if h.a.Stats().UnknownRemove != 1 {
+			t.Errorf("unknown_remove = %d, want 1", h.a.Stats().UnknownRemove)
 		}
 	})
 	t.Run("a removed lower-tier block is filtered, not removed from the device index", func(t *testing.T) {
 		h := newHarness(t)
 		h.send(stored(5, 16), codec.Event{Type: codec.BlockRemoved, BlockHashes: []uint64{5}, Medium: "CPU"})
-		if len(h.ops) != 1 || h.a.Stats().Filtered[LowerTier].Load() != 1 {
-			t.Errorf("ops %v, lower_tier %d", h.ops, h.a.Stats().Filtered[LowerTier].Load())
+		if len(h.ops) != 1 || h.a.Stats().Filtered[LowerTier] != 1 {
+			t.Errorf("ops %v, lower_tier %d", h.ops, h.a.Stats().Filtered[LowerTier])
 		}
 	})
 }
@@ -200,8 +200,8 @@ func TestResetClearsTheWorker(t *testing.T) {
 		}
 	}
 	h.send(stored(2, 4)) // history was reset: converted, with a warning
-	if h.a.Stats().Resyncs.Load() != 3 || h.a.Stats().Filtered[PartialBlock].Load() != 0 {
-		t.Errorf("resyncs %d partial %d", h.a.Stats().Resyncs.Load(), h.a.Stats().Filtered[PartialBlock].Load())
+	if h.a.Stats().Resyncs != 3 || h.a.Stats().Filtered[PartialBlock] != 0 {
+		t.Errorf("resyncs %d partial %d", h.a.Stats().Resyncs, h.a.Stats().Filtered[PartialBlock])
 	}
 }
 
@@ -211,8 +211,8 @@ func TestBadAndUnknownInput(t *testing.T) {
 	unknown := []byte{0x92, 0x00, 0x92, 0x91, 0xa3, 'F', 'o', 'o', 0x91, 0xa3, 'B', 'a', 'r'}
 	h.a.HandleBatch(1, unknown)
 	st := h.a.Stats()
-	if st.DecodeErrors.Load() != 1 || st.Filtered[UnknownEvent].Load() != 2 || st.Batches.Load() != 2 {
-		t.Errorf("decode_errors %d unknown_event %d batches %d", st.DecodeErrors.Load(), st.Filtered[UnknownEvent].Load(), st.Batches.Load())
+	if st.DecodeErrors != 1 || st.Filtered[UnknownEvent] != 2 || st.Batches != 2 {
+		t.Errorf("decode_errors %d unknown_event %d batches %d", st.DecodeErrors, st.Filtered[UnknownEvent], st.Batches)
 	}
 }
 
@@ -264,8 +264,8 @@ func TestResyncKeepsThePrefixOfTheSameEngine(t *testing.T) {
 			if matched != tc.matched {
 				t.Errorf("after %v: worker matches %d blocks, want %d", tc.why, matched, tc.matched)
 			}
-			if want := int64(tc.matched); a.Stats().IndexedBlocks.Load() != want {
-				t.Errorf("indexed_blocks %d, want %d", a.Stats().IndexedBlocks.Load(), want)
+			if want := int64(tc.matched); a.Stats().IndexedBlocks != want {
+				t.Errorf("indexed_blocks %d, want %d", a.Stats().IndexedBlocks, want)
 			}
 			// The 30 lost conversations' blocks are not indexed again.
 			probe := h.Prompt(nil, tokens(200, 1, 16), 16)
@@ -310,18 +310,18 @@ func TestPartial(t *testing.T) {
 		}
 	}()
 	defer close(ch)
-	if !a.Stats().Partial.Load() {
+	if !a.Stats().Partial {
 		t.Fatal("a new actor is complete before any batch")
 	}
 	for _, st := range steps {
 		st.do(a)
-		if got := a.Stats().Partial.Load(); got != st.want {
+		if got := a.Stats().Partial; got != st.want {
 			t.Errorf("%s: partial %v, want %v", st.name, got, st.want)
 		}
 	}
 	late := New(Config{Worker: 2, BlockSize: 16, Shard: ch})
 	batch(late, 1234, stored(4, 16))
-	if !late.Stats().Partial.Load() {
+	if !late.Stats().Partial {
 		t.Error("an actor that joined at seq 1234 is complete")
 	}
 }

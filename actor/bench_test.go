@@ -74,8 +74,8 @@ func BenchmarkActorPath(b *testing.B) {
 			b.ReportMetric(float64(blocks)*float64(b.N)/sec, "blocks/s")
 			var decodeErrors, stored uint64
 			for _, a := range actors {
-				decodeErrors += a.Stats().DecodeErrors.Load()
-				stored += a.Stats().BlocksStored.Load()
+				decodeErrors += a.Stats().DecodeErrors
+				stored += a.Stats().BlocksStored
 			}
 			if decodeErrors != 0 || stored == 0 {
 				b.Fatalf("decode errors %d, blocks stored %d", decodeErrors, stored)

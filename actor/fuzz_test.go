@@ -25,7 +25,7 @@ func FuzzActor(f *testing.F) {
 		a := New(Config{Worker: 1, BlockSize: 16, Shard: shards.Queue(1)})
 		a.HandleBatch(0, payload)
 		a.HandleBatch(1, payload) // the second sees the state the first left
-		if n := a.Stats().IndexedBlocks.Load(); n < 0 {
+		if n := a.Stats().IndexedBlocks; n < 0 {
 			t.Fatalf("indexed blocks %d", n)
 		}
 	})

@@ -82,10 +82,10 @@ func TestDropBackpressure(t *testing.T) {
 	payload := codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{stored(1, 16)}}, codec.CurrentVLLM)
 	a.HandleBatch(0, payload)
 	a.HandleBatch(1, payload)
-	if got := a.Stats().DroppedBatches.Load(); got != 2 {
+	if got := a.Stats().DroppedBatches; got != 2 {
 		t.Fatalf("dropped batches = %d, want 2", got)
 	}
-	if got := a.Stats().IndexedBlocks.Load(); got != 0 {
+	if got := a.Stats().IndexedBlocks; got != 0 {
 		t.Errorf("indexed blocks = %d after the drops, want 0", got)
 	}
 	ch2 := make(chan *index.Batch, 1)

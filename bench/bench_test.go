@@ -160,7 +160,7 @@ func BenchmarkInProcess(b *testing.B) {
 	}
 }
 
-// BenchmarkLoopback: the same frames published by 8 wire.Publishers over
+// BenchmarkLoopback: the same frames published by 8 wiretest.Publishers over
 // loopback TCP into a supervisor.Pipeline; an iteration ends when the
 // pipeline has applied every batch. allocs/event counts both ends.
 func BenchmarkLoopback(b *testing.B) {
@@ -173,7 +173,7 @@ func BenchmarkLoopback(b *testing.B) {
 			}
 			runDone := make(chan error, 1)
 			go func() { runDone <- p.Run(context.Background()) }()
-			defer func() { p.Close(); <-runDone }()
+			defer func() { p.Shutdown(context.Background()); <-runDone }()
 			var pubs [workers]*wiretest.Publisher
 			for i := range pubs {
 				pub, err := wiretest.NewPublisher(wiretest.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", BufferSteps: 1})
@@ -182,16 +182,13 @@ func BenchmarkLoopback(b *testing.B) {
 				}
 				defer pub.Close()
 				pubs[i] = pub
-				if err := p.AddWorker(fmt.Sprint("w", i), "tcp://"+pub.Addr(), ""); err != nil {
+				if err := p.AddWorker(fmt.Sprint("w", i), supervisor.WorkerConfig{Endpoint: "tcp://" + pub.Addr()}); err != nil {
 					b.Fatal(err)
 				}
 			}
-			stats := p.WorkerStats()
-			applied := func() (n uint64) { // or known lost: a pass must end either way
-				for _, s := range stats {
-					n += s.Actor.Batches.Load() + s.Wire.Lost.Load()
-				}
-				return n
+			applied := func() uint64 { // or known lost: a pass must end either way
+				t := p.Stats().Total()
+				return t.Actor.Batches + t.Wire.Lost
 			}
 			// Warm up and make sure every subscription is in place.
 			for deadline := time.Now().Add(10 * time.Second); ; {
@@ -199,8 +196,8 @@ func BenchmarkLoopback(b *testing.B) {
 					pub.Publish(w.clear)
 				}
 				ready := 0
-				for _, s := range stats {
-					if s.Actor.Batches.Load() > 0 {
+				for _, s := range p.Stats().Workers {
+					if s.Actor.Batches > 0 {
 						ready++
 					}
 				}
@@ -241,11 +238,7 @@ func BenchmarkLoopback(b *testing.B) {
 				_, err := p.FindMatchesKeys(ctx, keys)
 				return err
 			})
-			var lost uint64
-			for _, s := range stats {
-				lost += s.Wire.Lost.Load()
-			}
-			if lost != 0 {
+			if lost := p.Stats().Total().Wire.Lost; lost != 0 {
 				b.Errorf("%d batches lost over loopback", lost)
 			}
 		})

@@ -14,11 +14,33 @@ type Snapshot struct {
 	Shards  []Shard
 }
 
-// Worker is one worker's counters; the pointers stay valid for its lifetime.
+// Total sums the workers' counters (Partial when any worker is).
+func (s Snapshot) Total() Worker {
+	var t Worker
+	for i := range s.Workers {
+		w := &s.Workers[i]
+		t.Wire.Add(w.Wire)
+		t.Actor.Add(w.Actor)
+		t.Restarts += w.Restarts
+	}
+	return t
+}
+
+// Worker returns the named worker's counters.
+func (s Snapshot) Worker(name string) (Worker, bool) {
+	for _, w := range s.Workers {
+		if w.Name == name {
+			return w, true
+		}
+	}
+	return Worker{}, false
+}
+
+// Worker is one worker's counters as of the snapshot.
 type Worker struct {
-	ID       string
-	Wire     *wire.Stats
-	Actor    *actor.Stats
+	Name     string
+	Wire     wire.Stats
+	Actor    actor.Stats
 	Restarts uint64 // goroutine restarts after a panic
 }
 
@@ -56,33 +78,33 @@ func NewCollector(snapshot func() Snapshot) *Collector {
 	counter := func(name, help string, value func(w *Worker) uint64) {
 		c.counters = append(c.counters, workerMetric{newDesc(name, help, prometheus.CounterValue, "worker"), value})
 	}
-	counter("batches_received_total", "Batches delivered in seq order to the worker's actor, live or replayed.", func(w *Worker) uint64 { return w.Wire.Batches.Load() })
-	counter("malformed_messages_total", "Messages that were not [topic, 8-byte seq, payload]; skipped.", func(w *Worker) uint64 { return w.Wire.Malformed.Load() })
-	counter("duplicate_batches_total", "Batches with a seq already applied; dropped.", func(w *Worker) uint64 { return w.Wire.Duplicates.Load() })
-	counter("seq_gaps_total", "Jumps in seq: batches lost on the way.", func(w *Worker) uint64 { return w.Wire.Gaps.Load() })
-	counter("replays_total", "Replay requests sent to the engine's ROUTER.", func(w *Worker) uint64 { return w.Wire.Replays.Load() })
-	counter("replayed_batches_total", "Batches recovered through replay.", func(w *Worker) uint64 { return w.Wire.Replayed.Load() })
-	counter("tail_checks_total", "Replays asked after a quiet spell, to find batches dropped at the end of a burst.", func(w *Worker) uint64 { return w.Wire.TailChecks.Load() })
-	counter("replay_failures_total", "Replay requests that timed out or broke after connecting; retried with backoff.", func(w *Worker) uint64 { return w.Wire.ReplayFailures.Load() })
-	counter("replay_unreachable_total", "Replay dials that failed (endpoint down or not speaking ZMTP); backed off, not a loss.", func(w *Worker) uint64 { return w.Wire.ReplayUnreachable.Load() })
-	counter("history_missing_total", "Replays that found the engine no longer held a gap.", func(w *Worker) uint64 { return w.Wire.HistoryMissing.Load() })
-	counter("batches_lost_total", "Batches the engine sent that were never delivered (no replay, past its buffer, or its replay endpoint unreachable past the patience).", func(w *Worker) uint64 { return w.Wire.Lost.Load() })
-	counter("snapshots_total", "Engine snapshots (SGLang snapshot-v1) applied after a reset.", func(w *Worker) uint64 { return w.Wire.Snapshots.Load() })
-	counter("snapshot_failures_total", "Engine snapshots refused, broken off or unreachable.", func(w *Worker) uint64 { return w.Wire.SnapshotFailures.Load() })
-	counter("snapshot_blocks_total", "Blocks engine snapshots put back into the index.", func(w *Worker) uint64 { return w.Actor.SnapshotBlocks.Load() })
-	counter("snapshot_unmapped_total", "Blocks engine snapshots named that the worker never told of; left out.", func(w *Worker) uint64 { return w.Actor.SnapshotUnmapped.Load() })
-	counter("live_overflow_total", "Live batches dropped past MaxReplayBuffer while a replay held them back; replayed later.", func(w *Worker) uint64 { return w.Wire.LiveOverflow.Load() })
-	counter("publisher_restarts_total", "Other publisher incarnations detected (seq back, or a replay that does not hold the last batch as applied).", func(w *Worker) uint64 { return w.Wire.Restarts.Load() })
-	counter("reconnects_total", "SUB sockets rebuilt after a failure or an idle spell.", func(w *Worker) uint64 { return w.Wire.Reconnects.Load() })
-	counter("decode_errors_total", "Payloads that did not decode; the batch is dropped.", func(w *Worker) uint64 { return w.Actor.DecodeErrors.Load() })
-	counter("resyncs_total", "Times the worker's index entries were cleared because history was unknown.", func(w *Worker) uint64 { return w.Actor.Resyncs.Load() })
-	counter("blocks_stored_total", "Router blocks sent to the index as stored.", func(w *Worker) uint64 { return w.Actor.BlocksStored.Load() })
-	counter("blocks_removed_total", "Router blocks sent to the index as removed.", func(w *Worker) uint64 { return w.Actor.BlocksRemoved.Load() })
-	counter("token_mismatch_total", "BlockStored events whose tokens did not cover their blocks.", func(w *Worker) uint64 { return w.Actor.TokenMismatch.Load() })
-	counter("unknown_parent_total", "BlockStored events whose parent the worker never told of; left out of the index.", func(w *Worker) uint64 { return w.Actor.UnknownParent.Load() })
-	counter("unknown_removes_total", "Removed blocks the worker was not known to hold.", func(w *Worker) uint64 { return w.Actor.UnknownRemove.Load() })
-	counter("block_size_warnings_total", "Blocks of another size than the router's, before any full block.", func(w *Worker) uint64 { return w.Actor.SizeWarnings.Load() })
-	counter("dropped_batches_total", "Batches dropped because the shard was behind (Drop backpressure).", func(w *Worker) uint64 { return w.Actor.DroppedBatches.Load() })
+	counter("batches_received_total", "Batches delivered in seq order to the worker's actor, live or replayed.", func(w *Worker) uint64 { return w.Wire.Batches })
+	counter("malformed_messages_total", "Messages that were not [topic, 8-byte seq, payload]; skipped.", func(w *Worker) uint64 { return w.Wire.Malformed })
+	counter("duplicate_batches_total", "Batches with a seq already applied; dropped.", func(w *Worker) uint64 { return w.Wire.Duplicates })
+	counter("seq_gaps_total", "Jumps in seq: batches lost on the way.", func(w *Worker) uint64 { return w.Wire.Gaps })
+	counter("replays_total", "Replay requests sent to the engine's ROUTER.", func(w *Worker) uint64 { return w.Wire.Replays })
+	counter("replayed_batches_total", "Batches recovered through replay.", func(w *Worker) uint64 { return w.Wire.Replayed })
+	counter("tail_checks_total", "Replays asked after a quiet spell, to find batches dropped at the end of a burst.", func(w *Worker) uint64 { return w.Wire.TailChecks })
+	counter("replay_failures_total", "Replay requests that timed out or broke after connecting; retried with backoff.", func(w *Worker) uint64 { return w.Wire.ReplayFailures })
+	counter("replay_unreachable_total", "Replay dials that failed (endpoint down or not speaking ZMTP); backed off, not a loss.", func(w *Worker) uint64 { return w.Wire.ReplayUnreachable })
+	counter("history_missing_total", "Replays that found the engine no longer held a gap.", func(w *Worker) uint64 { return w.Wire.HistoryMissing })
+	counter("batches_lost_total", "Batches the engine sent that were never delivered (no replay, past its buffer, or its replay endpoint unreachable past the patience).", func(w *Worker) uint64 { return w.Wire.Lost })
+	counter("snapshots_total", "Engine snapshots (SGLang snapshot-v1) applied after a reset.", func(w *Worker) uint64 { return w.Wire.Snapshots })
+	counter("snapshot_failures_total", "Engine snapshots refused, broken off or unreachable.", func(w *Worker) uint64 { return w.Wire.SnapshotFailures })
+	counter("snapshot_blocks_total", "Blocks engine snapshots put back into the index.", func(w *Worker) uint64 { return w.Actor.SnapshotBlocks })
+	counter("snapshot_unmapped_total", "Blocks engine snapshots named that the worker never told of; left out.", func(w *Worker) uint64 { return w.Actor.SnapshotUnmapped })
+	counter("live_overflow_total", "Live batches dropped past MaxReplayBuffer while a replay held them back; replayed later.", func(w *Worker) uint64 { return w.Wire.LiveOverflow })
+	counter("publisher_restarts_total", "Other publisher incarnations detected (seq back, or a replay that does not hold the last batch as applied).", func(w *Worker) uint64 { return w.Wire.Restarts })
+	counter("reconnects_total", "SUB sockets rebuilt after a failure or an idle spell.", func(w *Worker) uint64 { return w.Wire.Reconnects })
+	counter("decode_errors_total", "Payloads that did not decode; the batch is dropped.", func(w *Worker) uint64 { return w.Actor.DecodeErrors })
+	counter("resyncs_total", "Times the worker's index entries were cleared because history was unknown.", func(w *Worker) uint64 { return w.Actor.Resyncs })
+	counter("blocks_stored_total", "Router blocks sent to the index as stored.", func(w *Worker) uint64 { return w.Actor.BlocksStored })
+	counter("blocks_removed_total", "Router blocks sent to the index as removed.", func(w *Worker) uint64 { return w.Actor.BlocksRemoved })
+	counter("token_mismatch_total", "BlockStored events whose tokens did not cover their blocks.", func(w *Worker) uint64 { return w.Actor.TokenMismatch })
+	counter("unknown_parent_total", "BlockStored events whose parent the worker never told of; left out of the index.", func(w *Worker) uint64 { return w.Actor.UnknownParent })
+	counter("unknown_removes_total", "Removed blocks the worker was not known to hold.", func(w *Worker) uint64 { return w.Actor.UnknownRemove })
+	counter("block_size_warnings_total", "Blocks of another size than the router's, before any full block.", func(w *Worker) uint64 { return w.Actor.SizeWarnings })
+	counter("dropped_batches_total", "Batches dropped because the shard was behind (Drop backpressure).", func(w *Worker) uint64 { return w.Actor.DroppedBatches })
 	counter("worker_restarts_total", "Worker goroutines restarted after a panic.", func(w *Worker) uint64 { return w.Restarts })
 	c.events = newDesc("events_received_total", "Events received, by type.", prometheus.CounterValue, "worker", "type")
 	c.filtered = newDesc("filtered_events_total", "Events not indexed, by reason.", prometheus.CounterValue, "worker", "reason")
@@ -120,20 +142,20 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	for i := range snap.Workers {
 		w := &snap.Workers[i]
 		for _, m := range c.counters {
-			emit(m.desc, float64(m.value(w)), w.ID)
+			emit(m.desc, float64(m.value(w)), w.Name)
 		}
-		emit(c.events, float64(w.Actor.Stored.Load()), w.ID, "BlockStored")
-		emit(c.events, float64(w.Actor.Removed.Load()), w.ID, "BlockRemoved")
-		emit(c.events, float64(w.Actor.Cleared.Load()), w.ID, "AllBlocksCleared")
+		emit(c.events, float64(w.Actor.Stored), w.Name, "BlockStored")
+		emit(c.events, float64(w.Actor.Removed), w.Name, "BlockRemoved")
+		emit(c.events, float64(w.Actor.Cleared), w.Name, "AllBlocksCleared")
 		for r := range actor.NumReasons {
-			emit(c.filtered, float64(w.Actor.Filtered[r].Load()), w.ID, r.String())
+			emit(c.filtered, float64(w.Actor.Filtered[r]), w.Name, r.String())
 		}
 		for k, name := range wire.ProtocolErrorKinds {
-			emit(c.protocol, float64(w.Wire.ProtocolErrors[k].Load()), w.ID, name)
+			emit(c.protocol, float64(w.Wire.ProtocolErrors[k]), w.Name, name)
 		}
-		emit(c.indexed, float64(w.Actor.IndexedBlocks.Load()), w.ID)
-		emit(c.partial, gauge(w.Actor.Partial.Load()), w.ID)
-		emit(c.connected, gauge(w.Wire.Connected.Load()), w.ID)
+		emit(c.indexed, float64(w.Actor.IndexedBlocks), w.Name)
+		emit(c.partial, gauge(w.Actor.Partial), w.Name)
+		emit(c.connected, gauge(w.Wire.Connected), w.Name)
 	}
 	for i, s := range snap.Shards {
 		id := strconv.Itoa(i)

@@ -12,20 +12,21 @@ import (
 )
 
 func TestCollectorReadsTheCountersAtScrape(t *testing.T) {
-	ws, as := &wire.Stats{}, &actor.Stats{}
-	snap := Snapshot{Workers: []Worker{{ID: "w0", Wire: ws, Actor: as, Restarts: 2}}, Shards: []Shard{{QueueDepth: 3, Nodes: 40, UnknownRemoves: 5}}}
+	snap := Snapshot{Workers: []Worker{{Name: "w0", Restarts: 2}}, Shards: []Shard{{QueueDepth: 3, Nodes: 40, UnknownRemoves: 5}}}
 	c := NewCollector(func() Snapshot { return snap })
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(c)
 
-	ws.Gaps.Add(4)
-	ws.Lost.Add(1)
-	ws.Connected.Store(true)
-	as.Filtered[actor.PartialBlock].Add(7)
-	as.IndexedBlocks.Store(12)
-	ws.ProtocolErrors[wire.ProtoOversize].Add(3)
-	ws.ReplayUnreachable.Add(5)
-	as.Partial.Store(true)
+	// Set after registering: the collector reads the snapshot at scrape time.
+	ws, as := &snap.Workers[0].Wire, &snap.Workers[0].Actor
+	ws.Gaps = 4
+	ws.Lost = 1
+	ws.Connected = true
+	as.Filtered[actor.PartialBlock] = 7
+	as.IndexedBlocks = 12
+	ws.ProtocolErrors[wire.ProtoOversize] = 3
+	ws.ReplayUnreachable = 5
+	as.Partial = true
 	want := `
 # HELP kvpipe_seq_gaps_total Jumps in seq: batches lost on the way.
 # TYPE kvpipe_seq_gaps_total counter
@@ -134,5 +135,21 @@ func TestREADMEListsEveryMetric(t *testing.T) {
 	}
 	if n < 30 {
 		t.Errorf("only %d metrics described: the name parsing is broken", n)
+	}
+}
+
+func TestTotalSumsEveryWorker(t *testing.T) {
+	var snap Snapshot
+	snap.Workers = make([]Worker, 3)
+	for i := range snap.Workers {
+		w := &snap.Workers[i]
+		w.Wire.Lost, w.Actor.BlocksStored, w.Restarts = uint64(i+1), uint64(10*(i+1)), 1
+		w.Actor.IndexedBlocks = int64(100 * (i + 1))
+	}
+	snap.Workers[1].Actor.Partial = true
+	tot := snap.Total()
+	if tot.Wire.Lost != 6 || tot.Actor.BlocksStored != 60 || tot.Actor.IndexedBlocks != 600 || tot.Restarts != 3 || !tot.Actor.Partial {
+		t.Errorf("Total = lost %d, stored %d, indexed %d, restarts %d, partial %v; want 6, 60, 600, 3, true",
+			tot.Wire.Lost, tot.Actor.BlocksStored, tot.Actor.IndexedBlocks, tot.Restarts, tot.Actor.Partial)
 	}
 }

@@ -29,22 +29,22 @@ func TestPublicCallsAreBoundedAgainstStuckPeers(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	p := startPipeline(t, Config{Registry: reg})
 	for name, eps := range map[string][2]string{"frozen": {ep, replay}, "silent": {silent, silent}, "half": {half, half}} {
-		if err := p.AddWorker(name, eps[0], eps[1]); err != nil {
+		if err := p.AddWorker(name, WorkerConfig{Endpoint: eps[0], ReplayEndpoint: eps[1]}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, "the engine's subscription", nil, func() bool { return p.WorkerStats()["frozen"].Wire.Batches.Load() > 0 })
+	eventually(t, "the engine's subscription", nil, func() bool { return workerStats(p, "frozen").Wire.Batches > 0 })
 	engine.Signal(syscall.SIGSTOP)
 	time.Sleep(50 * time.Millisecond) // the stuck dials are under way
 
 	const bound = time.Second
 	within(t, "AddWorker", bound, func() {
-		if err := p.AddWorker("late", silent, ""); err != nil {
+		if err := p.AddWorker("late", WorkerConfig{Endpoint: silent, ReplayEndpoint: ""}); err != nil {
 			t.Error(err)
 		}
 	})
 	within(t, "WorkerStats", bound, func() {
-		if got := len(p.WorkerStats()); got != 4 {
+		if got := len(p.Stats().Workers); got != 4 {
 			t.Errorf("%d workers, want 4", got)
 		}
 	})

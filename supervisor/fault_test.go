@@ -451,8 +451,8 @@ func (w *faultWorld) delivery(jumps bool) {
 // faultWire is the subscriber template of the fault tests: short enough
 // timeouts that a test converges in seconds, and a replay patience longer
 // than any fault, so that no fault costs a resync.
-func faultWire() wire.Config {
-	return wire.Config{
+func faultWire() wire.Options {
+	return wire.Options{
 		ReconnectMin: 10 * time.Millisecond, ReconnectMax: 200 * time.Millisecond,
 		ReplayTimeout: 500 * time.Millisecond, ReplayPatience: 30 * time.Second,
 		TailCheck: 200 * time.Millisecond, IdleTimeout: 2 * time.Second,
@@ -460,12 +460,12 @@ func faultWire() wire.Config {
 	}
 }
 
-func newFaultWorld(t *testing.T, wcfg wire.Config, shards int) *faultWorld {
+func newFaultWorld(t *testing.T, wcfg wire.Options, shards int) *faultWorld {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	w := &faultWorld{t: t, reg: reg, byName: map[string]*faultEngine{}, last: map[string]faultDelivery{},
 		jumps: map[string]int{}, starts: map[string][]faultDelivery{}, decoder: codec.NewDecoder()}
-	cfg := Config{BlockSize: faultBlockSize, Shards: shards, Wire: wcfg, Registry: reg, Observe: w.observe}
+	cfg := Config{BlockSize: faultBlockSize, Shards: shards, Subscriber: wcfg, Registry: reg, Observe: w.observe}
 	if os.Getenv("KVPIPE_FAULT_LOG") == "1" { // the pipeline's warnings, for a failure's story
 		cfg.Logger = slog.New(slog.NewTextHandler(faultLogWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
@@ -487,14 +487,14 @@ func (w *faultWorld) add(e *faultEngine) {
 	w.mu.Lock()
 	w.byName[e.name] = e
 	w.mu.Unlock()
-	if err := w.p.AddWorker(e.name, ep, replay); err != nil {
+	if err := w.p.AddWorker(e.name, WorkerConfig{Endpoint: ep, ReplayEndpoint: replay}); err != nil {
 		w.t.Fatal(err)
 	}
 	w.engines = append(w.engines, e)
 }
 
-func (w *faultWorld) stats(e *faultEngine) Stats {
-	st, ok := w.p.WorkerStats()[e.name]
+func (w *faultWorld) stats(e *faultEngine) WorkerStats {
+	st, ok := w.p.Stats().Worker(e.name)
 	if !ok {
 		w.t.Fatalf("no stats for %s", e.name)
 	}
@@ -543,16 +543,16 @@ func (w *faultWorld) gauge(name string) float64 {
 // exact reports how the index differs from the engines' caches; nil when it
 // equals them. delivered says the subscriber got all of e's batches (a
 // cheap first test while batches are still on their way).
-func (w *faultWorld) exact(delivered func(*faultEngine, Stats) bool) error {
+func (w *faultWorld) exact(delivered func(*faultEngine, WorkerStats) bool) error {
 	var errs []error
 	total := 0
 	for _, e := range w.engines {
 		total += e.cache.Len()
 		st := w.stats(e)
 		if delivered != nil && !delivered(e, st) {
-			return fmt.Errorf("%s: %d batches delivered of %d published (%d dropped)", e.name, st.Wire.Batches.Load(), e.sent, e.dropped)
+			return fmt.Errorf("%s: %d batches delivered of %d published (%d dropped)", e.name, st.Wire.Batches, e.sent, e.dropped)
 		}
-		if got := st.Actor.IndexedBlocks.Load(); got != int64(e.cache.Len()) {
+		if got := st.Actor.IndexedBlocks; got != int64(e.cache.Len()) {
 			return fmt.Errorf("%s: IndexedBlocks = %d, the engine caches %d", e.name, got, e.cache.Len())
 		}
 	}
@@ -679,11 +679,11 @@ func (w *faultWorld) logStats(e *faultEngine) {
 	w.t.Logf("%s: published=%d dropped=%d delivered=%d gaps=%d replays=%d replayed=%d tail-checks=%d lost=%d history-missing=%d "+
 		"replay-failures=%d replay-unreachable=%d restarts=%d reconnects=%d live-overflow=%d duplicates=%d malformed=%d "+
 		"resyncs=%d actor-batches=%d unknown-parent=%d unknown-remove=%d indexed=%d cached=%d payload-MB=%.1f%s",
-		e.name, e.sent, e.dropped, ws.Batches.Load(), ws.Gaps.Load(), ws.Replays.Load(), ws.Replayed.Load(), ws.TailChecks.Load(),
-		ws.Lost.Load(), ws.HistoryMissing.Load(), ws.ReplayFailures.Load(), ws.ReplayUnreachable.Load(), ws.Restarts.Load(),
-		ws.Reconnects.Load(), ws.LiveOverflow.Load(), ws.Duplicates.Load(), ws.Malformed.Load(), as.Resyncs.Load(),
-		as.Batches.Load(), as.UnknownParent.Load(), as.UnknownRemove.Load(),
-		as.IndexedBlocks.Load(), e.cache.Len(), float64(e.bytes)/1e6, proxy)
+		e.name, e.sent, e.dropped, ws.Batches, ws.Gaps, ws.Replays, ws.Replayed, ws.TailChecks,
+		ws.Lost, ws.HistoryMissing, ws.ReplayFailures, ws.ReplayUnreachable, ws.Restarts,
+		ws.Reconnects, ws.LiveOverflow, ws.Duplicates, ws.Malformed, as.Resyncs,
+		as.Batches, as.UnknownParent, as.UnknownRemove,
+		as.IndexedBlocks, e.cache.Len(), float64(e.bytes)/1e6, proxy)
 }
 
 // expectClean asserts what a scenario without true loss must show: nothing
@@ -697,18 +697,18 @@ func (w *faultWorld) expectClean(e *faultEngine, restarts uint64) {
 		what      string
 		got, want uint64
 	}{
-		{"Wire.Lost", ws.Lost.Load(), 0},
-		{"Wire.HistoryMissing", ws.HistoryMissing.Load(), 0},
-		{"Wire.Malformed", ws.Malformed.Load(), 0},
-		{"Wire.Restarts", ws.Restarts.Load(), restarts},
-		{"Actor.Resyncs", st.Actor.Resyncs.Load(), restarts},
-		{"Actor.DecodeErrors", st.Actor.DecodeErrors.Load(), 0},
+		{"Wire.Lost", ws.Lost, 0},
+		{"Wire.HistoryMissing", ws.HistoryMissing, 0},
+		{"Wire.Malformed", ws.Malformed, 0},
+		{"Wire.Restarts", ws.Restarts, restarts},
+		{"Actor.Resyncs", st.Actor.Resyncs, restarts},
+		{"Actor.DecodeErrors", st.Actor.DecodeErrors, 0},
 	} {
 		if c.got != c.want {
 			w.t.Errorf("%s: %s = %d, want %d", e.name, c.what, c.got, c.want)
 		}
 	}
-	if st.Actor.Partial.Load() {
+	if st.Actor.Partial {
 		w.t.Errorf("%s: the worker says it is partial, with its whole history applied", e.name)
 	}
 	if n := w.gauge("kvpipe_index_unknown_removes_total"); n != 0 {
@@ -804,13 +804,13 @@ func faultFlakyProxies(t *testing.T, mode faultParams) {
 	t.Logf("faults: %d cuts, %d stalls of 0.2-1 s over %v on %d links", cuts, stalls, mode.flakyDuration, len(proxies))
 
 	took := w.converge("flaky proxies", mode.converge, func() error {
-		return w.exact(func(e *faultEngine, st Stats) bool { return st.Wire.Batches.Load() == e.sent })
+		return w.exact(func(e *faultEngine, st WorkerStats) bool { return st.Wire.Batches == e.sent })
 	})
 	t.Logf("converged %v after the faults stopped (deadline %v)", took.Round(time.Millisecond), mode.converge)
 	for _, e := range w.engines {
 		w.logStats(e)
 		w.expectClean(e, 0)
-		if got := w.stats(e).Wire.Batches.Load(); got != e.sent {
+		if got := w.stats(e).Wire.Batches; got != e.sent {
 			t.Errorf("%s: %d batches delivered, %d published", e.name, got, e.sent)
 		}
 	}
@@ -923,7 +923,7 @@ func (w *faultWorld) restartPair(seed uint64, requests int) (down, direct *fault
 // exactAfterRestarts is exact once every engine's restarts are counted.
 func (w *faultWorld) exactAfterRestarts(restarts int) error {
 	for _, e := range w.engines {
-		if got := w.stats(e).Wire.Restarts.Load(); got != uint64(restarts) {
+		if got := w.stats(e).Wire.Restarts; got != uint64(restarts) {
 			return fmt.Errorf("%s: Wire.Restarts = %d, want %d", e.name, got, restarts)
 		}
 	}
@@ -967,7 +967,7 @@ func (w *faultWorld) addWarm(e *faultEngine) {
 	}
 	w.add(e)
 	w.converge("the first batch of "+e.name, 10*time.Second, func() error {
-		if w.stats(e).Wire.Batches.Load() == 0 {
+		if w.stats(e).Wire.Batches == 0 {
 			return errors.New("nothing delivered yet")
 		}
 		return nil
@@ -995,7 +995,7 @@ func faultRestartMidReplay(t *testing.T, mode faultParams) {
 		e.step(false)
 	}
 	w.converge("before the gap", mode.converge, func() error {
-		return w.exact(func(e *faultEngine, st Stats) bool { return st.Wire.Batches.Load() == e.sent })
+		return w.exact(func(e *faultEngine, st WorkerStats) bool { return st.Wire.Batches == e.sent })
 	})
 	run := make([][]byte, gapLen)
 	for i := range run {
@@ -1006,7 +1006,7 @@ func faultRestartMidReplay(t *testing.T, mode faultParams) {
 	}
 	gapSeq := e.step(false) // shows the gap: the subscriber replays gapLen batches
 	w.converge("replay under way", mode.converge, func() error {
-		if n := w.stats(e).Wire.Replayed.Load(); n < 100 {
+		if n := w.stats(e).Wire.Replayed; n < 100 {
 			return fmt.Errorf("%d replayed", n)
 		}
 		return nil
@@ -1014,7 +1014,7 @@ func faultRestartMidReplay(t *testing.T, mode faultParams) {
 	before := e.held()
 	e.pubProxy.Down(true) // the crash: both links go at once
 	e.repProxy.Down(true)
-	replayedAtCrash := w.stats(e).Wire.Replayed.Load()
+	replayedAtCrash := w.stats(e).Wire.Replayed
 	e.restart()
 	for range 30 {
 		e.step(false)
@@ -1022,10 +1022,10 @@ func faultRestartMidReplay(t *testing.T, mode faultParams) {
 	e.pubProxy.Down(false)
 	e.repProxy.Down(false)
 	took := w.converge("new incarnation after the crash", mode.converge, func() error {
-		if w.stats(e).Wire.Restarts.Load() == 0 {
+		if w.stats(e).Wire.Restarts == 0 {
 			return errors.New("restart not seen yet")
 		}
-		return w.exact(func(e *faultEngine, st Stats) bool { return st.Wire.Batches.Load() > 0 })
+		return w.exact(func(e *faultEngine, st WorkerStats) bool { return st.Wire.Batches > 0 })
 	})
 	t.Logf("crash with %d of a %d-batch gap (up to seq %d) replayed; converged %v after the links came back",
 		replayedAtCrash, gapLen, gapSeq, took.Round(time.Millisecond))
@@ -1047,13 +1047,13 @@ func faultRestartMidReplay(t *testing.T, mode faultParams) {
 	}
 	st := w.stats(e)
 	ws := st.Wire
-	if ws.Restarts.Load() != 1 {
-		t.Errorf("Wire.Restarts = %d, want 1 (one crash)", ws.Restarts.Load())
+	if ws.Restarts != 1 {
+		t.Errorf("Wire.Restarts = %d, want 1 (one crash)", ws.Restarts)
 	}
-	if ws.HistoryMissing.Load() != 0 {
-		t.Errorf("Wire.HistoryMissing = %d, want 0: the new incarnation's buffer holds all of it", ws.HistoryMissing.Load())
+	if ws.HistoryMissing != 0 {
+		t.Errorf("Wire.HistoryMissing = %d, want 0: the new incarnation's buffer holds all of it", ws.HistoryMissing)
 	}
-	if st.Actor.Partial.Load() {
+	if st.Actor.Partial {
 		t.Errorf("the worker says it is partial, with the new incarnation applied from its seq 0")
 	}
 }
@@ -1083,7 +1083,7 @@ func faultRestartReplayUnreachable(t *testing.T, mode faultParams) {
 	start := time.Now()
 	w.converge("a resync while the replay endpoint is refused", mode.converge, func() error {
 		e.step(false)
-		if w.stats(e).Actor.Resyncs.Load() == 0 {
+		if w.stats(e).Actor.Resyncs == 0 {
 			return errors.New("no resync yet")
 		}
 		return nil
@@ -1105,7 +1105,7 @@ func faultRestartReplayUnreachable(t *testing.T, mode faultParams) {
 		return w.prompts(e, func(got, want int) bool { return got <= want })
 	}
 	took := w.converge("sound after the resync", mode.converge, func() error {
-		if st := w.stats(e); st.Wire.Batches.Load() == 0 || st.Actor.IndexedBlocks.Load() == 0 {
+		if st := w.stats(e); st.Wire.Batches == 0 || st.Actor.IndexedBlocks == 0 {
 			return errors.New("nothing indexed yet")
 		}
 		return sound()
@@ -1115,7 +1115,7 @@ func faultRestartReplayUnreachable(t *testing.T, mode faultParams) {
 	// Partial promises that nothing is missing when it is false: that is
 	// the case when the first batch after the resync was the new
 	// incarnation's seq 0 (its live stream reached the subscriber in time).
-	if !w.stats(e).Actor.Partial.Load() {
+	if !w.stats(e).Actor.Partial {
 		w.converge("exact, as the worker does not say it is partial", mode.converge, func() error { return w.exact(nil) })
 		t.Logf("the new incarnation's stream reached the worker from its seq 0: not partial, and exact")
 	}
@@ -1125,7 +1125,7 @@ func faultRestartReplayUnreachable(t *testing.T, mode faultParams) {
 		e.step(false)
 	}
 	w.converge("sound with the replay endpoint back", mode.converge, func() error {
-		if w.stats(e).Wire.Batches.Load()+w.stats(e).Wire.Lost.Load() < e.sent {
+		if w.stats(e).Wire.Batches+w.stats(e).Wire.Lost < e.sent {
 			return errors.New("batches still on their way")
 		}
 		return sound()
@@ -1176,15 +1176,15 @@ func faultFlood(t *testing.T, mode faultParams) {
 	wg.Wait()
 	published := time.Since(start)
 	took := w.converge("flood", mode.converge, func() error {
-		return w.exact(func(e *faultEngine, st Stats) bool { return st.Wire.Batches.Load() == e.sent })
+		return w.exact(func(e *faultEngine, st WorkerStats) bool { return st.Wire.Batches == e.sent })
 	})
 	t.Logf("published in %v; converged %v after the last batch (deadline %v)", published.Round(time.Millisecond), took.Round(time.Millisecond), mode.converge)
 	for _, e := range w.engines {
 		w.logStats(e)
 		w.expectClean(e, 0)
 		st := w.stats(e).Wire
-		if st.Replayed.Load() < e.dropped {
-			t.Errorf("%s: %d batches replayed, fewer than the %d dropped", e.name, st.Replayed.Load(), e.dropped)
+		if st.Replayed < e.dropped {
+			t.Errorf("%s: %d batches replayed, fewer than the %d dropped", e.name, st.Replayed, e.dropped)
 		}
 		if frac := float64(e.dropped) / float64(e.sent); frac < 0.25 {
 			t.Errorf("%s: only %.0f%% dropped: the scenario proves little", e.name, 100*frac)
@@ -1217,7 +1217,7 @@ func faultLossCounted(t *testing.T, mode faultParams, atTail bool) {
 		e.step(false)
 	}
 	w.converge("before the loss", mode.converge, func() error {
-		return w.exact(func(e *faultEngine, st Stats) bool { return st.Wire.Batches.Load() == e.sent })
+		return w.exact(func(e *faultEngine, st WorkerStats) bool { return st.Wire.Batches == e.sent })
 	})
 	// The run is served and encoded first, then dropped in one go: it takes
 	// microseconds, far less than the tail check's quiet spell.
@@ -1252,8 +1252,8 @@ func faultLossCounted(t *testing.T, mode faultParams, atTail bool) {
 	wantLost := e.sent - bufferSteps - delivered
 	counted := w.converge("loss counted", mode.converge, func() error {
 		ws := w.stats(e).Wire
-		if ws.Lost.Load() != wantLost || ws.Batches.Load()+ws.Lost.Load() != e.sent {
-			return fmt.Errorf("lost %d delivered %d of %d, want lost %d", ws.Lost.Load(), ws.Batches.Load(), e.sent, wantLost)
+		if ws.Lost != wantLost || ws.Batches+ws.Lost != e.sent {
+			return fmt.Errorf("lost %d delivered %d of %d, want lost %d", ws.Lost, ws.Batches, e.sent, wantLost)
 		}
 		return nil
 	})
@@ -1279,17 +1279,17 @@ func faultLossCounted(t *testing.T, mode faultParams, atTail bool) {
 
 	st := w.stats(e)
 	ws := st.Wire
-	if got := ws.Lost.Load(); got != wantLost {
+	if got := ws.Lost; got != wantLost {
 		t.Errorf("Wire.Lost = %d, want %d (published %d, buffer %d, delivered before the run %d)", got, wantLost, e.sent, bufferSteps, delivered)
 	}
-	if got := ws.Batches.Load() + ws.Lost.Load(); got != e.sent {
-		t.Errorf("delivered %d + lost %d = %d, published %d", ws.Batches.Load(), ws.Lost.Load(), got, e.sent)
+	if got := ws.Batches + ws.Lost; got != e.sent {
+		t.Errorf("delivered %d + lost %d = %d, published %d", ws.Batches, ws.Lost, got, e.sent)
 	}
-	if ws.HistoryMissing.Load() != 1 || st.Actor.Resyncs.Load() != 1 {
-		t.Errorf("HistoryMissing = %d, Resyncs = %d; want one of each", ws.HistoryMissing.Load(), st.Actor.Resyncs.Load())
+	if ws.HistoryMissing != 1 || st.Actor.Resyncs != 1 {
+		t.Errorf("HistoryMissing = %d, Resyncs = %d; want one of each", ws.HistoryMissing, st.Actor.Resyncs)
 	}
-	if ws.Restarts.Load() != 0 {
-		t.Errorf("Wire.Restarts = %d, want 0", ws.Restarts.Load())
+	if ws.Restarts != 0 {
+		t.Errorf("Wire.Restarts = %d, want 0", ws.Restarts)
 	}
 	// No block evicted during the loss matches, and nothing the engine
 	// lacks matches at all: after a resync the index may hold less than the
@@ -1316,7 +1316,7 @@ func faultLossCounted(t *testing.T, mode faultParams, atTail bool) {
 	if evicted == 0 {
 		t.Errorf("the engine evicted nothing it held before the loss: the scenario proves nothing")
 	}
-	if got := st.Actor.IndexedBlocks.Load(); got > int64(e.cache.Len()) {
+	if got := st.Actor.IndexedBlocks; got > int64(e.cache.Len()) {
 		t.Errorf("IndexedBlocks = %d, more than the %d the engine caches", got, e.cache.Len())
 	}
 	if err := w.prompts(e, func(got, want int) bool { return got <= want }); err != nil {
@@ -1346,7 +1346,7 @@ func faultLossDuringOutage(t *testing.T, mode faultParams) {
 		e.step(false)
 	}
 	w.converge("before the outage", mode.converge, func() error {
-		return w.exact(func(e *faultEngine, st Stats) bool { return st.Wire.Batches.Load() == e.sent })
+		return w.exact(func(e *faultEngine, st WorkerStats) bool { return st.Wire.Batches == e.sent })
 	})
 	before := e.held()
 	delivered := e.sent
@@ -1360,8 +1360,8 @@ func faultLossDuringOutage(t *testing.T, mode faultParams) {
 	e.repProxy.Down(false)
 	took := w.converge("after the outage", mode.converge, func() error {
 		st := w.stats(e)
-		if st.Actor.Resyncs.Load() == 0 || st.Wire.Batches.Load() < delivered+bufferSteps {
-			return fmt.Errorf("%d delivered, %d resyncs", st.Wire.Batches.Load(), st.Actor.Resyncs.Load())
+		if st.Actor.Resyncs == 0 || st.Wire.Batches < delivered+bufferSteps {
+			return fmt.Errorf("%d delivered, %d resyncs", st.Wire.Batches, st.Actor.Resyncs)
 		}
 		return nil
 	})
@@ -1369,7 +1369,7 @@ func faultLossDuringOutage(t *testing.T, mode faultParams) {
 		e.step(false)
 	}
 	w.converge("sound after the outage", mode.converge, func() error {
-		if st := w.stats(e); st.Wire.Batches.Load() < delivered+bufferSteps+20 {
+		if st := w.stats(e); st.Wire.Batches < delivered+bufferSteps+20 {
 			return errors.New("batches still on their way")
 		}
 		for ext, key := range e.keys {
@@ -1387,8 +1387,8 @@ func faultLossDuringOutage(t *testing.T, mode faultParams) {
 	t.Logf("resynced %v after the links came back; %d batches truly lost", took.Round(time.Millisecond), trulyLost)
 	w.logStats(e)
 	st := w.stats(e)
-	if !st.Actor.Partial.Load() || st.Actor.Resyncs.Load() == 0 {
-		t.Errorf("the worker lost batches: Partial = %v, Resyncs = %d", st.Actor.Partial.Load(), st.Actor.Resyncs.Load())
+	if !st.Actor.Partial || st.Actor.Resyncs == 0 {
+		t.Errorf("the worker lost batches: Partial = %v, Resyncs = %d", st.Actor.Partial, st.Actor.Resyncs)
 	}
 	// Which story the counters tell is the subscriber's guess: the same
 	// process whose buffer turned over (Lost == the batches it never got),
@@ -1396,13 +1396,13 @@ func faultLossDuringOutage(t *testing.T, mode faultParams) {
 	// counted from seq 0, which then includes batches it did get). Either
 	// way they must tell one.
 	switch {
-	case st.Wire.Restarts.Load() == 0 && st.Wire.Lost.Load() != trulyLost:
-		t.Errorf("no restart seen, and Wire.Lost = %d, want %d: the batches the subscriber never got", st.Wire.Lost.Load(), trulyLost)
-	case st.Wire.Restarts.Load() > 1:
-		t.Errorf("Wire.Restarts = %d for one outage", st.Wire.Restarts.Load())
-	case st.Wire.Restarts.Load() == 1:
+	case st.Wire.Restarts == 0 && st.Wire.Lost != trulyLost:
+		t.Errorf("no restart seen, and Wire.Lost = %d, want %d: the batches the subscriber never got", st.Wire.Lost, trulyLost)
+	case st.Wire.Restarts > 1:
+		t.Errorf("Wire.Restarts = %d for one outage", st.Wire.Restarts)
+	case st.Wire.Restarts == 1:
 		t.Logf("the outage was taken for a restart: Lost = %d (from seq 0 of the supposed new incarnation), %d truly lost",
-			st.Wire.Lost.Load(), trulyLost)
+			st.Wire.Lost, trulyLost)
 	}
 	w.delivery(true)
 }
@@ -1422,7 +1422,7 @@ func faultLateJoin(t *testing.T, mode faultParams) {
 	}
 	w.add(e)
 	took := w.converge("the buffer's head start", mode.converge, func() error {
-		if got := w.stats(e).Wire.Batches.Load(); got != bufferSteps {
+		if got := w.stats(e).Wire.Batches; got != bufferSteps {
 			return fmt.Errorf("%d delivered, want the %d the buffer holds", got, bufferSteps)
 		}
 		return nil
@@ -1442,11 +1442,11 @@ func faultLateJoin(t *testing.T, mode faultParams) {
 	t.Logf("the buffer's %d batches delivered %v after AddWorker", bufferSteps, took.Round(time.Millisecond))
 	w.logStats(e)
 	st := w.stats(e)
-	if st.Wire.Lost.Load() != 0 || st.Wire.Restarts.Load() != 0 || st.Actor.Resyncs.Load() != 0 {
+	if st.Wire.Lost != 0 || st.Wire.Restarts != 0 || st.Actor.Resyncs != 0 {
 		t.Errorf("a late join: Lost = %d, Restarts = %d, Resyncs = %d; want 0 each",
-			st.Wire.Lost.Load(), st.Wire.Restarts.Load(), st.Actor.Resyncs.Load())
+			st.Wire.Lost, st.Wire.Restarts, st.Actor.Resyncs)
 	}
-	if !st.Actor.Partial.Load() {
+	if !st.Actor.Partial {
 		t.Errorf("the worker joined after seq %d and does not say it is partial", e.sent-bufferSteps-1)
 	}
 	w.delivery(true)
@@ -1467,7 +1467,7 @@ func faultFirstBatchesAfterConnect(t *testing.T, mode faultParams) {
 	e := newFaultEngine(t, 0, seed, faultEngineOpts{bufferSteps: 1000, capacity: 300, requests: 500})
 	w.add(e)
 	w.converge("connected, the connect-time replay asked", 10*time.Second, func() error {
-		if ws := w.stats(e).Wire; !ws.Connected.Load() || ws.Replays.Load() == 0 {
+		if ws := w.stats(e).Wire; !ws.Connected || ws.Replays == 0 {
 			return errors.New("not yet")
 		}
 		return nil
@@ -1484,9 +1484,9 @@ func faultFirstBatchesAfterConnect(t *testing.T, mode faultParams) {
 	}
 	took := w.converge("the head replayed", 5*time.Second, func() error {
 		ws := w.stats(e).Wire
-		if ws.Batches.Load()+ws.Lost.Load() != e.sent {
+		if ws.Batches+ws.Lost != e.sent {
 			return fmt.Errorf("%d of %d batches delivered, %d counted lost; the replay buffer holds them all",
-				ws.Batches.Load(), e.sent, ws.Lost.Load())
+				ws.Batches, e.sent, ws.Lost)
 		}
 		return w.exact(nil)
 	})

@@ -33,12 +33,12 @@ func startPyEngine(t *testing.T, args ...string) (engine *enginepeer.Peer, ep, r
 }
 
 // subscribe adds worker "w" for the engine and waits until its probes arrive.
-func subscribe(t *testing.T, p *Pipeline, ep, replay string, opts ...WorkerOption) {
+func subscribe(t *testing.T, p *Pipeline, wc WorkerConfig) {
 	t.Helper()
-	if err := p.AddWorker("w", ep, replay, opts...); err != nil {
+	if err := p.AddWorker("w", wc); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the subscription", nil, func() bool { return p.WorkerStats()["w"].Wire.Batches.Load() > 0 })
+	eventually(t, "the subscription", nil, func() bool { return workerStats(p, "w").Wire.Batches > 0 })
 }
 
 // published reads the seq count from the engine's "published N" or "restarted N".
@@ -58,7 +58,7 @@ func published(t *testing.T, line string) int {
 func TestInteropRestartFasterThanTheReconnect(t *testing.T) {
 	engine, ep, replay := startPyEngine(t)
 	p := startPipeline(t, Config{})
-	subscribe(t, p, ep, replay)
+	subscribe(t, p, WorkerConfig{Endpoint: ep, ReplayEndpoint: replay})
 	engine.Send("go")
 	engine.Send("chain 20 1000")
 	engine.Expect("published")
@@ -69,14 +69,14 @@ func TestInteropRestartFasterThanTheReconnect(t *testing.T) {
 	n := published(t, engine.Expect("restarted"))
 	fresh := chain(5000, n)
 	eventually(t, "the new incarnation indexed", nil, func() bool { return scores(t, p, fresh)["w"] == n })
-	st := p.WorkerStats()["w"]
+	st := workerStats(p, "w")
 	if got := scores(t, p, old)["w"]; got != 0 {
 		t.Errorf("the old incarnation's chain still matches %d blocks", got)
 	}
-	if st.Wire.Restarts.Load() != 1 || st.Actor.Resyncs.Load() != 1 || st.Wire.Lost.Load() != 0 {
-		t.Errorf("restarts %d, resyncs %d, lost %d; want 1, 1, 0", st.Wire.Restarts.Load(), st.Actor.Resyncs.Load(), st.Wire.Lost.Load())
+	if st.Wire.Restarts != 1 || st.Actor.Resyncs != 1 || st.Wire.Lost != 0 {
+		t.Errorf("restarts %d, resyncs %d, lost %d; want 1, 1, 0", st.Wire.Restarts, st.Actor.Resyncs, st.Wire.Lost)
 	}
-	if got := st.Actor.IndexedBlocks.Load(); got != int64(n) {
+	if got := st.Actor.IndexedBlocks; got != int64(n) {
 		t.Errorf("indexed blocks %d, want the new engine's %d", got, n)
 	}
 	engine.Send("quit")
@@ -93,21 +93,21 @@ func TestInteropFloodAtHWM1LosesNothing(t *testing.T) {
 		t.Run(strconv.Itoa(run), func(t *testing.T) {
 			engine, ep, replay := startPyEngine(t, "--hwm", "1", "--buffer", "20000")
 			cfg := Config{}
-			cfg.Wire.TailCheck = 100 * time.Millisecond
+			cfg.Subscriber.TailCheck = 100 * time.Millisecond
 			p := startPipeline(t, cfg)
-			subscribe(t, p, ep, replay)
+			subscribe(t, p, WorkerConfig{Endpoint: ep, ReplayEndpoint: replay})
 			engine.Send("go")
 			engine.Send("chain " + strconv.Itoa(batches) + " 1000")
 			engine.Expect("published")
 			want := chain(1000, batches)
 			eventually(t, "every block indexed", nil, func() bool { return scores(t, p, want)["w"] == batches })
-			st := p.WorkerStats()["w"]
-			if st.Wire.Lost.Load() != 0 || st.Actor.Resyncs.Load() != 0 || st.Actor.IndexedBlocks.Load() != batches {
+			st := workerStats(p, "w")
+			if st.Wire.Lost != 0 || st.Actor.Resyncs != 0 || st.Actor.IndexedBlocks != batches {
 				t.Errorf("lost %d, resyncs %d, indexed %d; want 0, 0, %d",
-					st.Wire.Lost.Load(), st.Actor.Resyncs.Load(), st.Actor.IndexedBlocks.Load(), batches)
+					st.Wire.Lost, st.Actor.Resyncs, st.Actor.IndexedBlocks, batches)
 			}
 			t.Logf("gaps %d, replay requests %d, replayed %d, live overflow %d",
-				st.Wire.Gaps.Load(), st.Wire.Replays.Load(), st.Wire.Replayed.Load(), st.Wire.LiveOverflow.Load())
+				st.Wire.Gaps, st.Wire.Replays, st.Wire.Replayed, st.Wire.LiveOverflow)
 			engine.Send("quit")
 		})
 	}
@@ -125,9 +125,9 @@ func TestInteropSGLangSnapshotAfterALoss(t *testing.T) {
 		"--snapshot", snap, "--buffer", "20")
 	engine.Expect("ready")
 	cfg := Config{}
-	cfg.Wire.TailCheck = 100 * time.Millisecond
+	cfg.Subscriber.TailCheck = 100 * time.Millisecond
 	p := startPipeline(t, cfg)
-	subscribe(t, p, ep, replay, WithSnapshotEndpoint(snap))
+	subscribe(t, p, WorkerConfig{Endpoint: ep, ReplayEndpoint: replay, SnapshotEndpoint: snap})
 	engine.Send("go")
 	engine.Send("batches 30 1000")
 	engine.Expect("published")
@@ -141,14 +141,14 @@ func TestInteropSGLangSnapshotAfterALoss(t *testing.T) {
 	}
 	engine.Send("batches 50 5000 " + strings.Join(drop, ","))
 	engine.Expect("published")
-	st := p.WorkerStats()["w"]
-	eventually(t, "the snapshot applied", nil, func() bool { return st.Wire.Snapshots.Load() == 1 })
+	st := workerStats(p, "w")
+	eventually(t, "the snapshot applied", nil, func() bool { return st.Wire.Snapshots == 1 })
 	if got := scores(t, p, system)["w"]; got != 30 {
 		t.Errorf("after the snapshot the cached chain matches %d blocks, want 30", got)
 	}
-	if st.Actor.SnapshotBlocks.Load() != 30 || st.Actor.SnapshotUnmapped.Load() != 50 || st.Wire.HistoryMissing.Load() != 1 {
+	if st.Actor.SnapshotBlocks != 30 || st.Actor.SnapshotUnmapped != 50 || st.Wire.HistoryMissing != 1 {
 		t.Errorf("snapshot blocks %d, unmapped %d, history missing %d; want 30, 50, 1",
-			st.Actor.SnapshotBlocks.Load(), st.Actor.SnapshotUnmapped.Load(), st.Wire.HistoryMissing.Load())
+			st.Actor.SnapshotBlocks, st.Actor.SnapshotUnmapped, st.Wire.HistoryMissing)
 	}
 	ms, _ := p.FindMatches(context.Background(), system)
 	if len(ms) != 1 || !ms[0].Partial {
@@ -168,7 +168,7 @@ func TestInteropSGLangSnapshotAfterALoss(t *testing.T) {
 	if got := scores(t, p, system)["w"]; got != 0 {
 		t.Errorf("after a restart the old chain still matches %d blocks", got)
 	}
-	if got := st.Wire.Restarts.Load(); got != 1 {
+	if got := st.Wire.Restarts; got != 1 {
 		t.Errorf("restarts %d, want 1", got)
 	}
 	if ms, _ := p.FindMatches(context.Background(), chain(7000, 10)); len(ms) != 1 || ms[0].Partial {
@@ -185,19 +185,19 @@ func TestInteropSGLangSnapshotRefused(t *testing.T) {
 		"--snapshot", snap, "--buffer", "5")
 	engine.Expect("ready")
 	p := startPipeline(t, Config{})
-	subscribe(t, p, ep, replay, WithSnapshotEndpoint(snap))
+	subscribe(t, p, WorkerConfig{Endpoint: ep, ReplayEndpoint: replay, SnapshotEndpoint: snap})
 	engine.Send("go")
 	engine.Send("snapshot-busy")
 	engine.Expect("armed")
 	engine.Send("batches 20 1000 0,1,2,3,4,5,6,7,8,9")
 	engine.Expect("published")
-	st := p.WorkerStats()["w"]
-	eventually(t, "the refusal counted", nil, func() bool { return st.Wire.SnapshotFailures.Load() == 1 })
+	st := workerStats(p, "w")
+	eventually(t, "the refusal counted", nil, func() bool { return st.Wire.SnapshotFailures == 1 })
 	engine.Send("batches 3 8000")
 	engine.Expect("published")
 	eventually(t, "later batches indexed", nil, func() bool { return scores(t, p, chain(8000, 3))["w"] == 3 })
-	if st.Wire.Snapshots.Load() != 0 || !st.Actor.Partial.Load() {
-		t.Errorf("snapshots %d, partial %v; want 0 and true", st.Wire.Snapshots.Load(), st.Actor.Partial.Load())
+	if st.Wire.Snapshots != 0 || !st.Actor.Partial {
+		t.Errorf("snapshots %d, partial %v; want 0 and true", st.Wire.Snapshots, st.Actor.Partial)
 	}
 	engine.Send("quit")
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,14 +22,13 @@ import (
 
 // Config configures a Pipeline.
 type Config struct {
-	BlockSize    int                // the router's block size (required), e.g. 16
-	Shards       int                // index shards (default 2)
-	ShardQueue   int                // batches each shard queue holds (default 256)
-	Backpressure actor.Backpressure // when a shard is behind: Block (default) or Drop
-	Topic        string             // default ZMQ topic of every worker
-	// Wire is the template of every worker's subscriber settings (timeouts,
-	// backoff, replay buffer); Endpoint, ReplayEndpoint and Topic are set per worker.
-	Wire wire.Config
+	BlockSize    int          // the router's block size (required), e.g. 16
+	Shards       int          // index shards (default 2)
+	ShardQueue   int          // batches each shard queue holds, and so each worker's bound in flight (default 256)
+	Backpressure Backpressure // when a shard is behind: Block (default) or Drop
+	// Subscriber tunes every worker's subscriber (timeouts, backoff, replay
+	// buffer, limits); the zero value holds the defaults.
+	Subscriber wire.Options
 	// RestartMin and RestartMax bound the jittered exponential backoff before
 	// a worker that panicked is restarted (defaults 100ms and 10s).
 	RestartMin, RestartMax time.Duration
@@ -38,6 +39,27 @@ type Config struct {
 	// actor does (for tools such as kvpipe listen); payload is only valid
 	// during the call.
 	Observe func(worker string, seq uint64, payload []byte)
+}
+
+// Backpressure says what a worker does when its shard is behind.
+type Backpressure = actor.Backpressure
+
+const (
+	// Block waits for the shard, and so stops reading the engine's socket:
+	// the loss, if any, shows as a seq gap, which replay recovers.
+	Block = actor.Block
+	// Drop discards the batch, counts it, and resyncs the worker.
+	Drop = actor.Drop
+)
+
+// WorkerConfig is one engine's connection.
+type WorkerConfig struct {
+	Endpoint       string // its KV-events PUB, e.g. tcp://10.0.0.5:5557
+	ReplayEndpoint string // its replay ROUTER; "" when it has none
+	// SnapshotEndpoint is its snapshot ROUTER (SGLang's snapshot_endpoint),
+	// from which the worker is rebuilt after a loss; "" when it has none.
+	SnapshotEndpoint string
+	Topic            string // ZMQ topic prefix; the engines' default is ""
 }
 
 // Match is one worker's overlap with a request: its leading blocks cached.
@@ -51,54 +73,64 @@ type Match struct {
 	Partial bool
 }
 
-// ErrClosed is returned once the pipeline is closed.
+// ErrClosed is returned once the pipeline has been shut down.
 var ErrClosed = errors.New("kvpipe: pipeline closed")
 
+// ErrRunning is returned by a second call of Run.
+var ErrRunning = errors.New("kvpipe: pipeline already running")
+
 // Pipeline is the one type a router embeds: it runs one subscriber and actor
-// per worker, the index shards, and their supervision. Its loop goroutine owns
-// the worker table; every method talks to it over a channel.
+// per worker, the index shards, and their supervision. New starts nothing;
+// Run owns every goroutine until it returns.
 type Pipeline struct {
-	cfg     Config
-	shards  *index.Shards
-	latency prometheus.Histogram
-	cmds    chan func(*state)
-	// names maps index ids to worker names for FindMatches, and workers
-	// lists the workers for scrapes. The loop replaces both on every change,
-	// so readers need no lock and never wait for the loop.
+	cfg        Config
+	latency    prometheus.Histogram
+	collectors []prometheus.Collector
+
+	// mu guards the worker table and the lifecycle. Nothing holds it while
+	// waiting: workers start and stop outside it.
+	mu        sync.Mutex
+	workers   map[string]*worker
+	nextID    index.WorkerID
+	phase     phase
+	workerCtx context.Context // the workers' parent while running
+	group     errgroup.Group  // the workers' supervising goroutines
+	// removing waits for removed workers to leave their shards; syncing for
+	// Sync calls under way. Both end before the shards close.
+	removing, syncing sync.WaitGroup
+
+	// What the read path needs, published on every change, so that
+	// FindMatches and scrapes take no lock and never wait.
+	shards  atomic.Pointer[index.Shards]
 	names   atomic.Pointer[map[index.WorkerID]*worker]
-	workers atomic.Pointer[[]*worker]
+	list    atomic.Pointer[[]*worker]
+	stop    chan struct{} // closed by the first Shutdown
+	stopped chan struct{} // closed once every goroutine has stopped
 	// wrap, when set (by tests), wraps every worker's handler.
-	wrap     func(wire.Handler) wire.Handler
-	loopDone chan struct{} // the loop takes no more commands
-	closed   chan struct{} // every goroutine has stopped
+	wrap func(wire.Handler) wire.Handler
 }
 
-// state is owned by the loop goroutine.
-type state struct {
-	p       *Pipeline
-	ctx     context.Context // workers' parent once running; nil before Run
-	cancel  context.CancelFunc
-	group   *errgroup.Group
-	workers map[string]*worker
-	nextID  index.WorkerID
-	closing bool
-	// removing waits for removed workers to stop and leave their shards;
-	// syncing for Sync calls under way. Both end before the shards close.
-	removing, syncing sync.WaitGroup
-}
+type phase uint8
+
+const (
+	idle     phase = iota // built, Run not yet called
+	running               // Run is supervising
+	draining              // Run is stopping the workers and draining the shards
+	closed                // stopped: every call gets ErrClosed
+)
 
 type worker struct {
 	name     string
 	id       index.WorkerID
 	sub      *wire.Subscriber
-	actor    *actor.Actor
-	restarts atomic.Uint64 // by its supervising goroutine; read by scrapes
+	actor    atomic.Pointer[actor.Actor] // set once the worker starts
+	restarts atomic.Uint64               // by its supervising goroutine; read by scrapes
 	cancel   context.CancelFunc
-	done     chan struct{}
+	done     chan struct{} // nil until started
 }
 
-// New validates cfg and starts the index shards and the supervision loop.
-// Workers added before Run start when Run is called.
+// New validates cfg and registers the pipeline's collectors. It starts
+// nothing: workers added before Run start when Run is called.
 func New(cfg Config) (*Pipeline, error) {
 	switch {
 	case cfg.BlockSize <= 0:
@@ -107,7 +139,7 @@ func New(cfg Config) (*Pipeline, error) {
 		return nil, fmt.Errorf("kvpipe: Shards must not be negative, got %d", cfg.Shards)
 	case cfg.ShardQueue < 0:
 		return nil, fmt.Errorf("kvpipe: ShardQueue must not be negative, got %d", cfg.ShardQueue)
-	case cfg.Backpressure != actor.Block && cfg.Backpressure != actor.Drop:
+	case cfg.Backpressure != Block && cfg.Backpressure != Drop:
 		return nil, fmt.Errorf("kvpipe: unknown Backpressure %d", cfg.Backpressure)
 	}
 	if cfg.Shards == 0 {
@@ -126,92 +158,56 @@ func New(cfg Config) (*Pipeline, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	p := &Pipeline{
-		cfg:      cfg,
-		shards:   index.NewShards(cfg.Shards, cfg.ShardQueue),
-		latency:  metrics.NewFindMatchesHistogram(),
-		cmds:     make(chan func(*state)),
-		loopDone: make(chan struct{}),
-		closed:   make(chan struct{}),
+		cfg:     cfg,
+		latency: metrics.NewFindMatchesHistogram(),
+		workers: make(map[string]*worker),
+		stop:    make(chan struct{}),
+		stopped: make(chan struct{}),
 	}
+	p.publish()
 	if cfg.Registry != nil {
-		collectors := []prometheus.Collector{metrics.NewCollector(p.snapshot), p.latency}
+		collectors := []prometheus.Collector{metrics.NewCollector(p.Stats), p.latency}
 		for i, c := range collectors {
 			if err := cfg.Registry.Register(c); err != nil {
 				for _, done := range collectors[:i] {
 					cfg.Registry.Unregister(done)
 				}
-				p.shards.Close()
 				return nil, fmt.Errorf("kvpipe: registering metrics: %w", err)
 			}
 		}
 	}
-	st := &state{p: p, workers: make(map[string]*worker)}
-	st.publishNames()
-	go st.loop()
 	return p, nil
 }
 
-// do runs f in the loop goroutine, waits for it and returns its error, or
-// ErrClosed once the loop has stopped.
-func (p *Pipeline) do(f func(*state) error) error {
-	done := make(chan error, 1)
-	select {
-	case p.cmds <- func(s *state) { done <- f(s) }:
-		return <-done
-	case <-p.loopDone:
-		return ErrClosed
-	}
-}
-
-// WorkerOption sets one worker's own settings in AddWorker.
-type WorkerOption func(*wire.Config)
-
-// WithSnapshotEndpoint gives the worker its engine's snapshot ROUTER
-// (SGLang's snapshot_endpoint), from which it is rebuilt after a loss.
-func WithSnapshotEndpoint(ep string) WorkerOption {
-	return func(c *wire.Config) { c.SnapshotEndpoint = ep }
-}
-
-// WithTopic subscribes the worker to its own topic instead of Config.Topic.
-func WithTopic(topic string) WorkerOption {
-	return func(c *wire.Config) { c.Topic = topic }
-}
-
-// AddWorker subscribes to one engine: endpoint is its PUB, replayEndpoint
-// its ROUTER ("" when it has none).
-func (p *Pipeline) AddWorker(name, endpoint, replayEndpoint string, opts ...WorkerOption) error {
+// AddWorker subscribes to one engine. It may be called before Run (the
+// worker starts with it) or while Run runs.
+func (p *Pipeline) AddWorker(name string, wc WorkerConfig) error {
 	if name == "" {
 		return errors.New("kvpipe: worker name must not be empty")
 	}
-	wcfg := p.cfg.Wire
-	wcfg.Endpoint, wcfg.ReplayEndpoint, wcfg.Topic = endpoint, replayEndpoint, p.cfg.Topic
-	for _, o := range opts {
-		o(&wcfg)
-	}
-	wcfg.Logger = p.cfg.Logger.With("worker", name)
-	sub, err := wire.NewSubscriber(wcfg)
+	sub, err := wire.NewSubscriber(wire.Config{
+		Endpoint: wc.Endpoint, ReplayEndpoint: wc.ReplayEndpoint, SnapshotEndpoint: wc.SnapshotEndpoint, Topic: wc.Topic,
+		Logger: p.cfg.Logger.With("worker", name), Options: p.cfg.Subscriber,
+	})
 	if err != nil {
 		return fmt.Errorf("kvpipe: worker %q: %w", name, err)
 	}
-	return p.do(func(s *state) error {
-		if s.closing {
-			return ErrClosed
-		}
-		if _, dup := s.workers[name]; dup {
-			return fmt.Errorf("kvpipe: worker %q already added", name)
-		}
-		id := s.nextID
-		s.nextID++
-		w := &worker{name: name, id: id, sub: sub}
-		w.actor = actor.New(actor.Config{Worker: id, Name: name, BlockSize: p.cfg.BlockSize,
-			Shard: p.shards.Queue(id), Backpressure: p.cfg.Backpressure, Logger: p.cfg.Logger})
-		s.workers[name] = w
-		s.publishNames()
-		if s.ctx != nil {
-			s.start(w)
-		}
-		return nil
-	})
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.phase >= draining {
+		return ErrClosed
+	}
+	if _, dup := p.workers[name]; dup {
+		return fmt.Errorf("kvpipe: worker %q already added", name)
+	}
+	w := &worker{name: name, id: p.nextID, sub: sub}
+	p.nextID++
+	p.workers[name] = w
+	if p.phase == running {
+		p.start(w)
+	}
+	p.publish()
+	return nil
 }
 
 // RemoveWorker stops a worker and frees its index entries. The worker leaves
@@ -219,19 +215,30 @@ func (p *Pipeline) AddWorker(name, endpoint, replayEndpoint string, opts ...Work
 // stopped and its entries are freed, or with ctx's error when ctx ends first
 // (the removal then completes in the background).
 func (p *Pipeline) RemoveWorker(ctx context.Context, name string) error {
-	var removed chan struct{}
-	if err := p.do(func(s *state) error {
-		w, ok := s.workers[name]
-		if !ok {
-			return fmt.Errorf("kvpipe: no worker %q", name)
-		}
-		delete(s.workers, name)
-		s.publishNames()
-		removed = s.remove(w)
-		return nil
-	}); err != nil {
-		return err
+	p.mu.Lock()
+	w, ok := p.workers[name]
+	if !ok {
+		p.mu.Unlock()
+		return fmt.Errorf("kvpipe: no worker %q", name)
 	}
+	delete(p.workers, name)
+	p.publish()
+	if w.done == nil || p.phase != running { // never started, or going with the pipeline
+		if w.cancel != nil {
+			w.cancel()
+		}
+		p.mu.Unlock()
+		return nil
+	}
+	w.cancel()
+	removed := make(chan struct{})
+	shards := p.shards.Load()
+	p.removing.Go(func() {
+		defer close(removed)
+		<-w.done // nothing of the worker can follow in its shard's queue
+		shards.Queue(w.id) <- &index.Batch{Worker: w.id, Ops: []index.Op{{Kind: index.OpRemoveWorker}}}
+	})
+	p.mu.Unlock()
 	select {
 	case <-removed:
 		return nil
@@ -249,8 +256,17 @@ func (p *Pipeline) FindMatches(ctx context.Context, tokens []uint32) ([]Match, e
 
 // FindMatchesKeys is FindMatches for keys already hashed with index.Hasher.
 func (p *Pipeline) FindMatchesKeys(ctx context.Context, keys []uint64) ([]Match, error) {
+	shards := p.shards.Load()
+	if shards == nil {
+		select {
+		case <-p.stopped: // shut down before Run
+			return nil, ErrClosed
+		default: // not running yet: no worker holds anything
+			return nil, nil
+		}
+	}
 	start := time.Now()
-	scores, err := p.shards.FindMatches(ctx, nil, keys)
+	scores, err := shards.FindMatches(ctx, nil, keys)
 	if errors.Is(err, index.ErrClosed) {
 		return nil, ErrClosed
 	}
@@ -265,7 +281,8 @@ func (p *Pipeline) FindMatchesKeys(ctx context.Context, keys []uint64) ([]Match,
 	matches := make([]Match, 0, len(scores))
 	for _, sc := range scores {
 		if w, ok := names[sc.Worker]; ok { // a worker removed meanwhile is left out
-			matches = append(matches, Match{Worker: w.name, Blocks: sc.Blocks, Partial: w.actor.Stats().Partial.Load()})
+			a := w.actor.Load()
+			matches = append(matches, Match{Worker: w.name, Blocks: sc.Blocks, Partial: a != nil && a.Partial()})
 		}
 	}
 	return matches, nil
@@ -274,152 +291,149 @@ func (p *Pipeline) FindMatchesKeys(ctx context.Context, keys []uint64) ([]Match,
 // Sync waits until the shards have applied every batch the workers handed
 // them so far: answers asked after it reflect at least those batches.
 func (p *Pipeline) Sync(ctx context.Context) error {
-	var inflight *sync.WaitGroup
-	if err := p.do(func(s *state) error {
-		if s.closing {
-			return ErrClosed
-		}
-		s.syncing.Add(1) // the shards stay open until it is done
-		inflight = &s.syncing
-		return nil
-	}); err != nil {
-		return err
+	p.mu.Lock()
+	switch p.phase {
+	case idle:
+		p.mu.Unlock()
+		return nil // nothing handed over yet
+	case draining, closed:
+		p.mu.Unlock()
+		return ErrClosed
 	}
-	defer inflight.Done()
-	return p.shards.Sync(ctx)
+	p.syncing.Add(1) // the shards stay open until it is done
+	p.mu.Unlock()
+	defer p.syncing.Done()
+	return p.shards.Load().Sync(ctx)
 }
 
-// Run starts the workers and supervises them until ctx is done or Close is
-// called; then it drains and stops everything (as Close does) and returns.
+// Run starts the index shards and the workers and supervises them until ctx
+// ends or Shutdown is called; then it stops the workers, lets the shards
+// apply what is queued, and returns once every goroutine it started has
+// stopped. It returns nil after Shutdown, ctx's cause when ctx ended, and
+// ErrClosed or ErrRunning when it cannot start. The pipeline cannot be run
+// again.
 func (p *Pipeline) Run(ctx context.Context) error {
-	if err := p.do(func(s *state) error {
-		if s.ctx != nil || s.closing {
-			return errors.New("kvpipe: Run called twice or after Close")
-		}
-		s.ctx, s.cancel = context.WithCancel(context.Background())
-		s.group = &errgroup.Group{}
-		for _, w := range s.workers {
-			s.start(w)
-		}
-		return nil
-	}); err != nil {
-		return err
+	p.mu.Lock()
+	switch p.phase {
+	case running, draining:
+		p.mu.Unlock()
+		return ErrRunning
+	case closed:
+		p.mu.Unlock()
+		return ErrClosed
 	}
+	shards := index.NewShards(p.cfg.Shards, p.cfg.ShardQueue)
+	p.shards.Store(shards)
+	workerCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	p.phase, p.workerCtx = running, workerCtx
+	for _, w := range p.workers {
+		p.start(w)
+	}
+	p.publish()
+	p.mu.Unlock()
+
+	var err error
 	select {
 	case <-ctx.Done():
-	case <-p.closed:
+		err = context.Cause(ctx)
+	case <-p.stop:
 	}
-	p.Close()
-	return nil
+	// Workers first (they feed the shards), then the shards, which apply
+	// everything still queued before they stop.
+	p.mu.Lock()
+	p.phase = draining
+	p.mu.Unlock()
+	cancel()
+	p.group.Wait()
+	p.removing.Wait()
+	p.syncing.Wait()
+	shards.Close()
+	p.mu.Lock()
+	p.phase = closed
+	p.mu.Unlock()
+	close(p.stopped)
+	return err
 }
 
-// Shutdown stops every worker, lets the shards apply what is queued, and
-// waits for every goroutine, or returns ctx's error when ctx ends first (the
-// shutdown then completes in the background). It is safe to call more than
-// once, and concurrently.
+// Shutdown stops the pipeline: Run stops every worker, lets the shards apply
+// what is queued, and returns nil. Shutdown waits for that, or returns ctx's
+// error when ctx ends first (the shutdown then completes in the
+// background). It is safe to call more than once, concurrently, and before
+// or without Run.
 func (p *Pipeline) Shutdown(ctx context.Context) error {
-	p.do(func(s *state) error { s.closing = true; return nil })
+	p.mu.Lock()
 	select {
-	case <-p.closed:
+	case <-p.stop:
+	default:
+		close(p.stop)
+		if p.phase == idle { // no Run to do it
+			p.phase = closed
+			close(p.stopped)
+		}
+	}
+	p.mu.Unlock()
+	select {
+	case <-p.stopped:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 }
 
-// Close is Shutdown without a deadline.
-func (p *Pipeline) Close() error { return p.Shutdown(context.Background()) }
+// Stats is a snapshot of every worker's counters and every shard's state.
+type Stats = metrics.Snapshot
 
-// snapshot is the metrics collector's view; it reads the published worker
-// list, so a scrape never waits for the loop.
-func (p *Pipeline) snapshot() metrics.Snapshot {
-	var snap metrics.Snapshot
-	for _, w := range *p.workers.Load() {
-		snap.Workers = append(snap.Workers, metrics.Worker{ID: w.name, Wire: w.sub.Stats(), Actor: w.actor.Stats(),
-			Restarts: w.restarts.Load()})
+// WorkerStats is one worker's counters.
+type WorkerStats = metrics.Worker
+
+// Stats returns a snapshot of the pipeline's counters, workers by name; its
+// Total method sums them. It reads the published worker list, so it never
+// waits for a worker or the lifecycle.
+func (p *Pipeline) Stats() Stats {
+	var snap Stats
+	for _, w := range *p.list.Load() {
+		ws := WorkerStats{Name: w.name, Wire: w.sub.Stats(), Restarts: w.restarts.Load()}
+		if a := w.actor.Load(); a != nil {
+			ws.Actor = a.Stats()
+		} else {
+			ws.Actor.Partial = true // never started: nothing of it is known
+		}
+		snap.Workers = append(snap.Workers, ws)
 	}
-	for i := range p.shards.Len() {
-		snap.Shards = append(snap.Shards, metrics.Shard{QueueDepth: p.shards.QueueDepth(i), Nodes: p.shards.Nodes(i),
-			UnknownRemoves: p.shards.UnknownRemoves(i)})
+	if shards := p.shards.Load(); shards != nil {
+		for i := range shards.Len() {
+			snap.Shards = append(snap.Shards, metrics.Shard{QueueDepth: shards.QueueDepth(i), Nodes: shards.Nodes(i),
+				UnknownRemoves: shards.UnknownRemoves(i)})
+		}
 	}
 	return snap
 }
 
-// Stats is one worker's counters, for a router's own reporting.
-type Stats struct {
-	Wire     *wire.Stats
-	Actor    *actor.Stats
-	Restarts uint64
-}
-
-// WorkerStats returns every worker's counters by name.
-func (p *Pipeline) WorkerStats() map[string]Stats {
-	out := map[string]Stats{}
-	for _, w := range p.snapshot().Workers {
-		out[w.ID] = Stats{Wire: w.Wire, Actor: w.Actor, Restarts: w.Restarts}
-	}
-	return out
-}
-
-func (s *state) loop() {
-	for f := range s.p.cmds {
-		f(s)
-		if s.closing {
-			break
-		}
-	}
-	// From here on every call gets ErrClosed at once, however long the
-	// workers take to stop.
-	close(s.p.loopDone)
-	// Shutdown: workers first (they feed the shards), then the shards, which
-	// apply everything still queued before they stop.
-	if s.cancel != nil {
-		s.cancel()
-		s.group.Wait()
-	}
-	s.removing.Wait()
-	s.syncing.Wait()
-	s.p.shards.Close()
-	close(s.p.closed)
-}
-
-func (s *state) publishNames() {
-	names := make(map[index.WorkerID]*worker, len(s.workers))
-	list := make([]*worker, 0, len(s.workers))
-	for _, w := range s.workers {
+// publish replaces the read path's copies of the worker table; p.mu is held.
+func (p *Pipeline) publish() {
+	names := make(map[index.WorkerID]*worker, len(p.workers))
+	list := make([]*worker, 0, len(p.workers))
+	for _, w := range p.workers {
 		names[w.id] = w
 		list = append(list, w)
 	}
-	s.p.names.Store(&names)
-	s.p.workers.Store(&list)
+	slices.SortFunc(list, func(a, b *worker) int { return strings.Compare(a.name, b.name) })
+	p.names.Store(&names)
+	p.list.Store(&list)
 }
 
-func (s *state) start(w *worker) {
-	ctx, cancel := context.WithCancel(s.ctx)
+// start runs w under Run's group; p.mu is held.
+func (p *Pipeline) start(w *worker) {
+	ctx, cancel := context.WithCancel(p.workerCtx)
 	w.cancel, w.done = cancel, make(chan struct{})
-	s.group.Go(func() error {
+	w.actor.Store(actor.New(actor.Config{Worker: w.id, Name: w.name, BlockSize: p.cfg.BlockSize,
+		Shard: p.shards.Load().Queue(w.id), Backpressure: p.cfg.Backpressure, Done: ctx.Done(), Logger: p.cfg.Logger}))
+	p.group.Go(func() error {
 		defer close(w.done)
-		s.p.supervise(ctx, w)
+		p.supervise(ctx, w)
 		return nil
 	})
-}
-
-// remove stops w without waiting for it: a goroutine waits for the worker
-// to stop, then frees its entries in its shard (nothing of the worker can
-// follow in the shard's queue by then). The returned channel closes then.
-func (s *state) remove(w *worker) chan struct{} {
-	removed := make(chan struct{})
-	if w.cancel != nil {
-		w.cancel()
-	}
-	s.removing.Go(func() {
-		defer close(removed)
-		if w.done != nil {
-			<-w.done
-		}
-		s.p.shards.Queue(w.id) <- &index.Batch{Worker: w.id, Ops: []index.Op{{Kind: index.OpRemoveWorker}}}
-	})
-	return removed
 }
 
 // supervise runs a worker until ctx ends, restarting it with backoff when it
@@ -442,7 +456,7 @@ func (p *Pipeline) supervise(ctx context.Context, w *worker) {
 		if !pace.Sleep(ctx, backoff.Next()) {
 			return
 		}
-		w.actor.Recover()
+		w.actor.Load().Recover()
 	}
 }
 
@@ -453,9 +467,10 @@ func (p *Pipeline) runOnce(ctx context.Context, w *worker) (panicked bool) {
 			p.cfg.Logger.Error("kvpipe: worker panicked; restarting it resynced", "worker", w.name, "panic", r)
 		}
 	}()
-	var h wire.Handler = w.actor
+	a := w.actor.Load()
+	var h wire.Handler = a
 	if p.cfg.Observe != nil {
-		h = observed{w.actor, w.name, p.cfg.Observe}
+		h = observed{a, w.name, p.cfg.Observe}
 	}
 	if p.wrap != nil {
 		h = p.wrap(h)

@@ -67,7 +67,7 @@ func startPipeline(t *testing.T, cfg Config) *Pipeline {
 	if cfg.BlockSize == 0 {
 		cfg.BlockSize = 16
 	}
-	cfg.Wire.ReconnectMin, cfg.Wire.ReconnectMax = 10*time.Millisecond, 100*time.Millisecond
+	cfg.Subscriber.ReconnectMin, cfg.Subscriber.ReconnectMax = 10*time.Millisecond, 100*time.Millisecond
 	return runPipeline(t, cfg)
 }
 
@@ -81,7 +81,7 @@ func runPipeline(t *testing.T, cfg Config) *Pipeline {
 	done := make(chan error, 1)
 	go func() { done <- p.Run(context.Background()) }()
 	t.Cleanup(func() {
-		p.Close()
+		p.Shutdown(context.Background())
 		// ErrClosed: the test ended before Run had started.
 		if err := <-done; err != nil && err != ErrClosed {
 			t.Errorf("Run: %v", err)
@@ -122,10 +122,10 @@ func scores(t *testing.T, p *Pipeline, tokens []uint32) map[string]int {
 func TestFindMatchesAcrossWorkersAndRemove(t *testing.T) {
 	p := startPipeline(t, Config{Shards: 2})
 	a, b := newEngine(t), newEngine(t)
-	if err := p.AddWorker("a", a.ep, a.replay); err != nil {
+	if err := p.AddWorker("a", WorkerConfig{Endpoint: a.ep, ReplayEndpoint: a.replay}); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.AddWorker("b", b.ep, b.replay); err != nil {
+	if err := p.AddWorker("b", WorkerConfig{Endpoint: b.ep, ReplayEndpoint: b.replay}); err != nil {
 		t.Fatal(err)
 	}
 	shared := prompt(1, 4)
@@ -172,12 +172,12 @@ func TestConfigAndWorkerErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer first.Close()
+	defer first.Shutdown(context.Background())
 	if _, err := New(Config{BlockSize: 16, Registry: reg}); err == nil || !strings.Contains(err.Error(), "registering metrics") {
 		t.Errorf("second pipeline on one registry: %v, want a registering error", err)
 	}
 	p := startPipeline(t, Config{})
-	if err := p.AddWorker("w", "tcp://127.0.0.1:1", ""); err != nil {
+	if err := p.AddWorker("w", WorkerConfig{Endpoint: "tcp://127.0.0.1:1", ReplayEndpoint: ""}); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct{ name, ep, replay, want string }{
@@ -186,7 +186,7 @@ func TestConfigAndWorkerErrors(t *testing.T) {
 		{"y", "tcp://127.0.0.1:3", "tcp://noport", "want tcp://host:port"},
 		{"", "tcp://127.0.0.1:3", "", "name must not be empty"},
 	} {
-		if err := p.AddWorker(tc.name, tc.ep, tc.replay); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if err := p.AddWorker(tc.name, WorkerConfig{Endpoint: tc.ep, ReplayEndpoint: tc.replay}); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("AddWorker(%q, %q, %q) = %v, want %q", tc.name, tc.ep, tc.replay, err, tc.want)
 		}
 	}
@@ -209,21 +209,21 @@ func (h panicky) HandleBatch(seq uint64, payload []byte) {
 
 func TestPanickingWorkerIsRestartedAndResynced(t *testing.T) {
 	var panics atomic.Int64
-	p, err := New(Config{BlockSize: 16, RestartMin: 10 * time.Millisecond, Wire: wire.Config{ReconnectMin: 10 * time.Millisecond}})
+	p, err := New(Config{BlockSize: 16, RestartMin: 10 * time.Millisecond, Subscriber: wire.Options{ReconnectMin: 10 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	p.wrap = func(h wire.Handler) wire.Handler { return panicky{h, "poison", &panics} }
 	done := make(chan error, 1)
 	go func() { done <- p.Run(context.Background()) }()
-	defer func() { p.Close(); <-done }()
+	defer func() { p.Shutdown(context.Background()); <-done }()
 	e := newEngine(t)
-	if err := p.AddWorker("w", e.ep, e.replay); err != nil {
+	if err := p.AddWorker("w", WorkerConfig{Endpoint: e.ep, ReplayEndpoint: e.replay}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "connected", func() { e.parent = 0; e.store(prompt(1, 1), 16) }, func() bool { return scores(t, p, prompt(1, 1))["w"] == 1 })
 	e.pub.Publish([]byte("poison"))
-	eventually(t, "restart after the panic", nil, func() bool { return p.WorkerStats()["w"].Restarts == 1 })
+	eventually(t, "restart after the panic", nil, func() bool { return workerStats(p, "w").Restarts == 1 })
 	// Resynced: what it held before is gone; it indexes again what comes next.
 	eventually(t, "stale entries cleared", nil, func() bool { return len(scores(t, p, prompt(1, 1))) == 0 })
 	eventually(t, "indexing again", func() { e.parent = 0; e.store(prompt(2, 1), 16) }, func() bool { return scores(t, p, prompt(2, 1))["w"] == 1 })
@@ -236,7 +236,7 @@ func TestMetricsScrape(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	p := startPipeline(t, Config{Registry: reg, Shards: 3})
 	e := newEngine(t)
-	if err := p.AddWorker("engine-0", e.ep, e.replay); err != nil {
+	if err := p.AddWorker("engine-0", WorkerConfig{Endpoint: e.ep, ReplayEndpoint: e.replay}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "connected", func() { e.parent = 0; e.store(prompt(1, 2), 16) }, func() bool { return scores(t, p, prompt(1, 2))["engine-0"] == 2 })
@@ -245,8 +245,8 @@ func TestMetricsScrape(t *testing.T) {
 	e.store(prompt(4, 1), 16, func(ev *codec.Event) { ev.GroupIdx, ev.HasGroupIdx = 5, true }) // unlearned group
 	e.pub.Publish([]byte{0xc1})                                                                // garbage
 	eventually(t, "the filters counted", nil, func() bool {
-		st := p.WorkerStats()["engine-0"].Actor
-		return st.DecodeErrors.Load() == 1 && st.Filtered[actor.UnlearnedGroup].Load() == 1
+		st := workerStats(p, "engine-0").Actor
+		return st.DecodeErrors == 1 && st.Filtered[actor.UnlearnedGroup] == 1
 	})
 	if _, err := p.FindMatches(context.Background(), prompt(1, 2)); err != nil {
 		t.Fatal(err)
@@ -320,21 +320,21 @@ func hasLabels(m *dto.Metric, kv ...string) bool {
 	return true
 }
 
-func TestRunAfterCloseAndCloseTwice(t *testing.T) {
+func TestShutdownBeforeRunAndTwice(t *testing.T) {
 	p, err := New(Config{BlockSize: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.Close()
-	p.Close()
+	p.Shutdown(context.Background())
+	p.Shutdown(context.Background())
 	if err := p.Run(context.Background()); err != ErrClosed {
-		t.Errorf("Run after Close = %v, want ErrClosed", err)
+		t.Errorf("Run after Shutdown = %v, want ErrClosed", err)
 	}
-	if err := p.AddWorker("w", "tcp://127.0.0.1:1", ""); err != ErrClosed {
-		t.Errorf("AddWorker after Close = %v, want ErrClosed", err)
+	if err := p.AddWorker("w", WorkerConfig{Endpoint: "tcp://127.0.0.1:1", ReplayEndpoint: ""}); err != ErrClosed {
+		t.Errorf("AddWorker after Shutdown = %v, want ErrClosed", err)
 	}
 	if _, err := p.FindMatches(context.Background(), prompt(1, 1)); err != ErrClosed {
-		t.Errorf("FindMatches after Close = %v, want ErrClosed", err)
+		t.Errorf("FindMatches after Shutdown = %v, want ErrClosed", err)
 	}
 }
 
@@ -365,7 +365,7 @@ func TestWorkersChurnWhileQuerying(t *testing.T) {
 	for round := range 5 {
 		for i, e := range engines {
 			name := string(rune('a' + i))
-			if err := p.AddWorker(name, e.ep, e.replay); err != nil {
+			if err := p.AddWorker(name, WorkerConfig{Endpoint: e.ep, ReplayEndpoint: e.replay}); err != nil {
 				t.Fatalf("round %d: %v", round, err)
 			}
 			e.parent = 0
@@ -380,7 +380,7 @@ func TestWorkersChurnWhileQuerying(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := p.AddWorker("d", engines[3].ep, engines[3].replay); err != nil {
+	if err := p.AddWorker("d", WorkerConfig{Endpoint: engines[3].ep, ReplayEndpoint: engines[3].replay}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "only d holds the prompt", func() { engines[3].parent = 0; engines[3].store(prompt(1, 3), 16) }, func() bool {
@@ -389,7 +389,7 @@ func TestWorkersChurnWhileQuerying(t *testing.T) {
 	})
 	close(stop)
 	<-queried
-	if got := len(p.WorkerStats()); got != 1 {
+	if got := len(p.Stats().Workers); got != 1 {
 		t.Errorf("%d workers left, want 1", got)
 	}
 }
@@ -399,7 +399,7 @@ func TestWorkersChurnWhileQuerying(t *testing.T) {
 func TestMatchSaysPartialAfterALoss(t *testing.T) {
 	e := newEngine(t)
 	p := startPipeline(t, Config{})
-	if err := p.AddWorker("w", e.ep, e.replay); err != nil {
+	if err := p.AddWorker("w", WorkerConfig{Endpoint: e.ep, ReplayEndpoint: e.replay}); err != nil {
 		t.Fatal(err)
 	}
 	system := prompt(1, 4)
@@ -418,7 +418,7 @@ func TestMatchSaysPartialAfterALoss(t *testing.T) {
 	e.pub.SkipSeq() // a failed publish: a gap no replay can fill
 	e.parent = 0
 	e.store(prompt(2, 2), 16)
-	eventually(t, "the loss seen", nil, func() bool { return p.WorkerStats()["w"].Wire.HistoryMissing.Load() == 1 })
+	eventually(t, "the loss seen", nil, func() bool { return workerStats(p, "w").Wire.HistoryMissing == 1 })
 	if got := scores(t, p, prompt(2, 2))["w"]; got != 2 {
 		t.Errorf("the batch after the loss matches %d blocks, want 2", got)
 	}
@@ -433,17 +433,19 @@ func TestMatchSaysPartialAfterALoss(t *testing.T) {
 func TestSync(t *testing.T) {
 	e := newEngine(t)
 	p := startPipeline(t, Config{})
-	if err := p.AddWorker("w", e.ep, e.replay); err != nil {
+	if err := p.AddWorker("w", WorkerConfig{Endpoint: e.ep, ReplayEndpoint: e.replay}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the subscription", nil, func() bool { return p.WorkerStats()["w"].Wire.Connected.Load() })
-	st := p.WorkerStats()["w"]
+	eventually(t, "the subscription", nil, func() bool { return workerStats(p, "w").Wire.Connected })
 	toks := prompt(3, 5)
 	e.store(toks, 16)
 	// A second batch reaching the actor means the first was handed on.
 	e.parent = 0
 	e.store(prompt(4, 1), 16)
-	eventually(t, "both batches at the actor", nil, func() bool { return st.Actor.BlocksStored.Load() >= 6 && st.Actor.Batches.Load() >= 2 })
+	eventually(t, "both batches at the actor", nil, func() bool {
+		st := workerStats(p, "w")
+		return st.Actor.BlocksStored >= 6 && st.Actor.Batches >= 2
+	})
 	if err := p.Sync(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -456,4 +458,10 @@ func TestSync(t *testing.T) {
 	if err := p.Sync(context.Background()); err != ErrClosed {
 		t.Errorf("Sync after Shutdown: %v, want ErrClosed", err)
 	}
+}
+
+// workerStats is one worker's counters, zero when there is no such worker.
+func workerStats(p *Pipeline, name string) WorkerStats {
+	w, _ := p.Stats().Worker(name)
+	return w
 }

@@ -18,7 +18,7 @@ import (
 type countingHandler struct {
 	n, want atomic.Int64
 	bytes   atomic.Int64
-	lost    *atomic.Uint64
+	lost    func() uint64
 	done    chan struct{}
 }
 
@@ -26,7 +26,7 @@ func (h *countingHandler) HandleBatch(seq uint64, payload []byte) {
 	h.bytes.Add(int64(len(payload)))
 	n := h.n.Add(1)
 	if h.lost != nil {
-		n += int64(h.lost.Load())
+		n += int64(h.lost())
 	}
 	if want := h.want.Load(); want >= 0 && n >= want {
 		select {
@@ -48,7 +48,7 @@ func BenchmarkLoopbackTCP(b *testing.B) {
 	}
 	defer pub.Close()
 	ep = "tcp://" + pub.Addr()
-	sub, err := NewSubscriber(Config{Endpoint: ep, IdleTimeout: -1})
+	sub, err := NewSubscriber(Config{Endpoint: ep, Options: Options{IdleTimeout: -1}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -84,7 +84,7 @@ func BenchmarkLoopbackTCP(b *testing.B) {
 	}
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "batches/s")
-	if lost := sub.Stats().Lost.Load(); lost != 0 {
+	if lost := sub.Stats().Lost; lost != 0 {
 		b.Errorf("lost %d batches", lost)
 	}
 }
@@ -115,12 +115,11 @@ func BenchmarkLibzmqPublisher(b *testing.B) {
 	ep, replay := ztest.FreeTCP(b), ztest.FreeTCP(b)
 	engine := enginepeer.Start(b, "testdata/engine_pub.py", "--endpoint", ep, "--replay", replay, "--buffer", "100000")
 	engine.Expect("ready")
-	sub, err := NewSubscriber(Config{Endpoint: ep, ReplayEndpoint: replay, IdleTimeout: -1, TailCheck: 50 * time.Millisecond,
-		ReplayTimeout: 5 * time.Second}) // a Python ROUTER answering 100k replies is slow
+	sub, err := NewSubscriber(Config{Endpoint: ep, ReplayEndpoint: replay, Options: Options{IdleTimeout: -1, TailCheck: 50 * time.Millisecond, ReplayTimeout: 5 * time.Second}}) // a Python ROUTER answering 100k replies is slow
 	if err != nil {
 		b.Fatal(err)
 	}
-	h := &countingHandler{done: make(chan struct{}, 1), lost: &sub.Stats().Lost}
+	h := &countingHandler{done: make(chan struct{}, 1), lost: func() uint64 { return sub.Stats().Lost }}
 	h.want.Store(-1)
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan struct{})
@@ -144,14 +143,14 @@ func BenchmarkLibzmqPublisher(b *testing.B) {
 	case <-time.After(time.Minute):
 		st := sub.Stats()
 		b.Fatalf("received %d of %d batches (gaps %d, replays %d, replayed %d, lost %d, tail checks %d, replay failures %d)",
-			h.n.Load()-base, b.N, st.Gaps.Load(), st.Replays.Load(), st.Replayed.Load(), st.Lost.Load(), st.TailChecks.Load(), st.ReplayFailures.Load())
+			h.n.Load()-base, b.N, st.Gaps, st.Replays, st.Replayed, st.Lost, st.TailChecks, st.ReplayFailures)
 	}
 	b.StopTimer()
 	engine.Expect("published")
 	b.SetBytes(h.bytes.Load() / (h.n.Load()))
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "batches/s")
 	st := sub.Stats()
-	b.ReportMetric(float64(st.Replayed.Load())/float64(b.N), "replayed/batch")
-	b.ReportMetric(float64(st.Lost.Load())/float64(b.N), "lost/batch")
+	b.ReportMetric(float64(st.Replayed)/float64(b.N), "replayed/batch")
+	b.ReportMetric(float64(st.Lost)/float64(b.N), "lost/batch")
 	engine.Send("quit")
 }

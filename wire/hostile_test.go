@@ -32,9 +32,9 @@ func TestOversizeFrameCostsOneConnection(t *testing.T) {
 	runtime.ReadMemStats(&before)
 	s, _ := startSubscriber(t, Config{Endpoint: ep})
 	deadline := time.Now().Add(10 * time.Second)
-	for s.Stats().ProtocolErrors[ProtoOversize].Load() < 3 {
+	for s.Stats().ProtocolErrors[ProtoOversize] < 3 {
 		if time.Now().After(deadline) {
-			t.Fatalf("protocol errors %v, want 3 oversize", s.Stats().ProtocolErrors[ProtoOversize].Load())
+			t.Fatalf("protocol errors %v, want 3 oversize", s.Stats().ProtocolErrors[ProtoOversize])
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -43,8 +43,8 @@ func TestOversizeFrameCostsOneConnection(t *testing.T) {
 	if grew := after.TotalAlloc - before.TotalAlloc; grew > 32<<20 {
 		t.Errorf("allocated %d MiB against a peer announcing 64 GiB frames", grew>>20)
 	}
-	if st := s.Stats(); st.Batches.Load() != 0 {
-		t.Errorf("batches %d; want 0", st.Batches.Load())
+	if st := s.Stats(); st.Batches != 0 {
+		t.Errorf("batches %d; want 0", st.Batches)
 	}
 }
 
@@ -54,14 +54,14 @@ func TestOversizeFrameCostsOneConnection(t *testing.T) {
 func TestSilentPeersAreBoundedInTime(t *testing.T) {
 	silent := ztest.RawPeer(t, nil)
 	t.Run("pub", func(t *testing.T) {
-		s, err := NewSubscriber(Config{Endpoint: silent, HandshakeTimeout: 100 * time.Millisecond})
+		s, err := NewSubscriber(Config{Endpoint: silent, Options: Options{HandshakeTimeout: 100 * time.Millisecond}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- s.Run(ctx, newRecorder()) }()
-		for s.Stats().ProtocolErrors[ProtoHandshakeTimeout].Load() < 2 {
+		for s.Stats().ProtocolErrors[ProtoHandshakeTimeout] < 2 {
 			time.Sleep(10 * time.Millisecond)
 		}
 		time.Sleep(30 * time.Millisecond) // likely inside a handshake again
@@ -76,8 +76,7 @@ func TestSilentPeersAreBoundedInTime(t *testing.T) {
 		ep := freeTCP(t)
 		pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep})
 		defer pub.Close()
-		s, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: silent, HandshakeTimeout: 100 * time.Millisecond,
-			ReplayPatience: 400 * time.Millisecond, TailCheck: -1})
+		s, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: silent, Options: Options{HandshakeTimeout: 100 * time.Millisecond, ReplayPatience: 400 * time.Millisecond, TailCheck: -1}})
 		last := syncUp(t, pub, rec)
 		pub.Drop(body(0))
 		pub.Publish(body(1))
@@ -85,9 +84,9 @@ func TestSilentPeersAreBoundedInTime(t *testing.T) {
 			t.Fatalf("got %+v, want a gap_lost reset after the patience", c)
 		}
 		expectBatches(t, rec, last+2, string(body(1)))
-		if st := s.Stats(); st.ProtocolErrors[ProtoHandshakeTimeout].Load() < 1 || st.ReplayUnreachable.Load() < 1 || st.Lost.Load() != 1 {
+		if st := s.Stats(); st.ProtocolErrors[ProtoHandshakeTimeout] < 1 || st.ReplayUnreachable < 1 || st.Lost != 1 {
 			t.Errorf("handshake timeouts %d, unreachable %d, lost %d; want >= 1, >= 1, 1",
-				st.ProtocolErrors[ProtoHandshakeTimeout].Load(), st.ReplayUnreachable.Load(), st.Lost.Load())
+				st.ProtocolErrors[ProtoHandshakeTimeout], st.ReplayUnreachable, st.Lost)
 		}
 	})
 }

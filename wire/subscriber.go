@@ -26,7 +26,14 @@ type Config struct {
 	// incarnation a SnapshotHandler is rebuilt from it.
 	SnapshotEndpoint string
 	Topic            string // ZMQ prefix match; the engines' default is ""
+	// Logger receives rate-limited warnings; nil discards them.
+	Logger *slog.Logger
+	Options
+}
 
+// Options tune a Subscriber; the zero value holds the defaults. They are
+// apart from Config so that one Options can serve every worker.
+type Options struct {
 	// IdleTimeout rebuilds the SUB socket after this long without a message,
 	// since a peer that vanished without closing its TCP connection is
 	// otherwise never noticed. 0 means 30s; negative disables it.
@@ -61,11 +68,9 @@ type Config struct {
 	// HandshakeTimeout bounds the ZMTP handshake of each connection
 	// (default 5s): a port that accepts and never speaks costs no more.
 	HandshakeTimeout time.Duration
-	// Logger receives rate-limited warnings; nil discards them.
-	Logger *slog.Logger
 }
 
-func (c *Config) setDefaults() {
+func (c *Options) setDefaults() {
 	if c.IdleTimeout == 0 {
 		c.IdleTimeout = 30 * time.Second
 	}
@@ -86,9 +91,6 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxReplayBuffer <= 0 {
 		c.MaxReplayBuffer = 10_000
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
 	}
 }
 
@@ -123,35 +125,84 @@ type Handler interface {
 	HandleReset(reason ResetReason)
 }
 
-// Stats counts what one Subscriber saw. Any goroutine may read it.
+// Stats is a snapshot of what one Subscriber saw.
 type Stats struct {
-	Batches           atomic.Uint64 // delivered to the handler, live or replayed
-	Malformed         atomic.Uint64 // wrong frame count or seq width, or a seq the engine's buffer contradicts: skipped
-	Duplicates        atomic.Uint64 // seq already applied: dropped
-	Gaps              atomic.Uint64 // seq > last+1 seen live
-	Replays           atomic.Uint64 // replay requests sent
-	Replayed          atomic.Uint64 // batches recovered through replay
-	TailChecks        atomic.Uint64 // replays asked after a quiet spell, gap or not
-	ReplayFailures    atomic.Uint64 // requests that timed out or broke after connecting
-	ReplayUnreachable atomic.Uint64 // replay dials that failed
-	HistoryMissing    atomic.Uint64 // replays that found the engine no longer had a gap
-	Lost              atomic.Uint64 // batches the publisher sent that were never delivered
-	LiveOverflow      atomic.Uint64 // live batches dropped while a replay ran (replayed later)
-	Snapshots         atomic.Uint64 // engine snapshots applied after a reset
-	SnapshotFailures  atomic.Uint64 // snapshots refused, broken off or unreachable
-	Restarts          atomic.Uint64 // another publisher incarnation detected
-	Reconnects        atomic.Uint64 // SUB sockets rebuilt after a failure or idle
+	Batches           uint64 // delivered to the handler, live or replayed
+	Malformed         uint64 // wrong frame count or seq width, or a seq the engine's buffer contradicts: skipped
+	Duplicates        uint64 // seq already applied: dropped
+	Gaps              uint64 // seq > last+1 seen live
+	Replays           uint64 // replay requests sent
+	Replayed          uint64 // batches recovered through replay
+	TailChecks        uint64 // replays asked after a quiet spell, gap or not
+	ReplayFailures    uint64 // requests that timed out or broke after connecting
+	ReplayUnreachable uint64 // replay dials that failed
+	HistoryMissing    uint64 // replays that found the engine no longer had a gap
+	Lost              uint64 // batches the publisher sent that were never delivered
+	LiveOverflow      uint64 // live batches dropped while a replay ran (replayed later)
+	Snapshots         uint64 // engine snapshots applied after a reset
+	SnapshotFailures  uint64 // snapshots refused, broken off or unreachable
+	Restarts          uint64 // another publisher incarnation detected
+	Reconnects        uint64 // SUB sockets rebuilt after a failure or idle
 	// ProtocolErrors counts connections closed because the peer broke ZMTP
 	// or the message limit, by kind (ProtocolErrorKinds).
-	ProtocolErrors [NumProtocolErrors]atomic.Uint64
-	Connected      atomic.Bool
+	ProtocolErrors [NumProtocolErrors]uint64
+	Connected      bool // a SUB connection is up (Add leaves it alone)
+}
+
+// Add adds o's counts to s, as when summing workers.
+func (s *Stats) Add(o Stats) {
+	s.Batches += o.Batches
+	s.Malformed += o.Malformed
+	s.Duplicates += o.Duplicates
+	s.Gaps += o.Gaps
+	s.Replays += o.Replays
+	s.Replayed += o.Replayed
+	s.TailChecks += o.TailChecks
+	s.ReplayFailures += o.ReplayFailures
+	s.ReplayUnreachable += o.ReplayUnreachable
+	s.HistoryMissing += o.HistoryMissing
+	s.Lost += o.Lost
+	s.LiveOverflow += o.LiveOverflow
+	s.Snapshots += o.Snapshots
+	s.SnapshotFailures += o.SnapshotFailures
+	s.Restarts += o.Restarts
+	s.Reconnects += o.Reconnects
+	for i := range s.ProtocolErrors {
+		s.ProtocolErrors[i] += o.ProtocolErrors[i]
+	}
+}
+
+// counters are the live Stats: written by the Subscriber's goroutines,
+// read by Stats from any goroutine.
+type counters struct {
+	Batches, Malformed, Duplicates, Gaps          atomic.Uint64
+	Replays, Replayed, TailChecks, ReplayFailures atomic.Uint64
+	ReplayUnreachable, HistoryMissing, Lost       atomic.Uint64
+	LiveOverflow, Snapshots, SnapshotFailures     atomic.Uint64
+	Restarts, Reconnects                          atomic.Uint64
+	ProtocolErrors                                [NumProtocolErrors]atomic.Uint64
+	Connected                                     atomic.Bool
+}
+
+func (c *counters) load() Stats {
+	st := Stats{
+		Batches: c.Batches.Load(), Malformed: c.Malformed.Load(), Duplicates: c.Duplicates.Load(), Gaps: c.Gaps.Load(),
+		Replays: c.Replays.Load(), Replayed: c.Replayed.Load(), TailChecks: c.TailChecks.Load(), ReplayFailures: c.ReplayFailures.Load(),
+		ReplayUnreachable: c.ReplayUnreachable.Load(), HistoryMissing: c.HistoryMissing.Load(), Lost: c.Lost.Load(),
+		LiveOverflow: c.LiveOverflow.Load(), Snapshots: c.Snapshots.Load(), SnapshotFailures: c.SnapshotFailures.Load(),
+		Restarts: c.Restarts.Load(), Reconnects: c.Reconnects.Load(), Connected: c.Connected.Load(),
+	}
+	for i := range c.ProtocolErrors {
+		st.ProtocolErrors[i] = c.ProtocolErrors[i].Load()
+	}
+	return st
 }
 
 // Subscriber receives one worker's batches. Run it in the goroutine that owns
 // the worker's state: the handler is called there.
 type Subscriber struct {
 	cfg   Config
-	stats Stats
+	stats counters
 	warn  pace.Limiter
 
 	seq SeqTracker
@@ -197,6 +248,9 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 		}
 	}
 	cfg.setDefaults()
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
 	return &Subscriber{cfg: cfg, warn: pace.Limiter{Every: time.Second}}, nil
 }
 
@@ -204,8 +258,8 @@ func (s *Subscriber) guard() guard {
 	return guard{limits: zmtp.Limits{MaxMessage: s.cfg.MaxMessage, HandshakeTimeout: s.cfg.HandshakeTimeout}, errors: &s.stats.ProtocolErrors}
 }
 
-// Stats returns the Subscriber's counters.
-func (s *Subscriber) Stats() *Stats { return &s.stats }
+// Stats returns a snapshot of the Subscriber's counters; any goroutine may call it.
+func (s *Subscriber) Stats() Stats { return s.stats.load() }
 
 // liveDepth is how many received messages may wait for the handler; past it
 // the socket stops reading and the loss surfaces upstream as a seq gap.

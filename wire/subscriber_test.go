@@ -29,8 +29,8 @@ func TestInOrderOverTCPAndIPC(t *testing.T) {
 				want = append(want, string(body(i)))
 			}
 			expectBatches(t, rec, last+1, want...)
-			if st := s.Stats(); st.Gaps.Load() != 0 || st.Lost.Load() != 0 || st.Malformed.Load() != 0 {
-				t.Errorf("gaps=%d lost=%d malformed=%d, want 0", st.Gaps.Load(), st.Lost.Load(), st.Malformed.Load())
+			if st := s.Stats(); st.Gaps != 0 || st.Lost != 0 || st.Malformed != 0 {
+				t.Errorf("gaps=%d lost=%d malformed=%d, want 0", st.Gaps, st.Lost, st.Malformed)
 			}
 		})
 	}
@@ -60,8 +60,8 @@ func TestTopicFilter(t *testing.T) {
 	if c, ok := rec.quiet(100 * time.Millisecond); !ok {
 		t.Errorf("received %+v after the last of our batches", c)
 	}
-	if st := s.Stats(); st.Gaps.Load() != 0 || st.Restarts.Load() != 0 {
-		t.Errorf("gaps %d restarts %d: the other topic's seqs got through", st.Gaps.Load(), st.Restarts.Load())
+	if st := s.Stats(); st.Gaps != 0 || st.Restarts != 0 {
+		t.Errorf("gaps %d restarts %d: the other topic's seqs got through", st.Gaps, st.Restarts)
 	}
 }
 
@@ -85,9 +85,9 @@ func TestGapRecoveredThroughReplay(t *testing.T) {
 			}
 			expectBatches(t, rec, last+1, want...)
 			st := s.Stats()
-			if st.Lost.Load() != 0 || st.Gaps.Load() == 0 || st.Replayed.Load() < 12 {
+			if st.Lost != 0 || st.Gaps == 0 || st.Replayed < 12 {
 				t.Errorf("lost=%d gaps=%d replayed=%d; want 0 lost, gaps, at least 12 replayed",
-					st.Lost.Load(), st.Gaps.Load(), st.Replayed.Load())
+					st.Lost, st.Gaps, st.Replayed)
 			}
 			if c, ok := rec.quiet(100 * time.Millisecond); !ok {
 				t.Errorf("unexpected call after the stream: %+v", c)
@@ -109,7 +109,7 @@ func TestGapWithoutReplayIsCountedAndResets(t *testing.T) {
 		t.Fatalf("got %+v, want a gap_lost reset", c)
 	}
 	expectBatches(t, rec, last+3, string(body(2)))
-	if got := s.Stats().Lost.Load(); got != 2 {
+	if got := s.Stats().Lost; got != 2 {
 		t.Errorf("lost = %d, want 2", got)
 	}
 }
@@ -120,8 +120,7 @@ func TestReplayThatNoLongerHasTheGap(t *testing.T) {
 	defer pub.Close()
 	s, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: replay})
 	last := syncUp(t, pub, rec)
-	st := s.Stats()
-	dups := st.Duplicates.Load() // probes both replayed at connect and received live
+	dups := s.Stats().Duplicates // probes both replayed at connect and received live
 	// The buffer keeps only the last 4 of these.
 	for i := range 10 {
 		pub.Drop(body(i))
@@ -134,11 +133,11 @@ func TestReplayThatNoLongerHasTheGap(t *testing.T) {
 	// (seqs last+8..last+11): 7 batches are gone, and the live 10 is a duplicate.
 	expectBatches(t, rec, last+8, string(body(7)), string(body(8)), string(body(9)), string(body(10)))
 	// The live body 10 is judged after the replay delivered it.
-	for deadline := time.Now().Add(5 * time.Second); st.Duplicates.Load() == dups && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(5 * time.Second); s.Stats().Duplicates == dups && time.Now().Before(deadline); {
 		time.Sleep(5 * time.Millisecond)
 	}
-	if st.HistoryMissing.Load() != 1 || st.Lost.Load() != 7 || st.Duplicates.Load()-dups != 1 {
-		t.Errorf("history_missing=%d lost=%d duplicates=%d, want 1, 7, 1", st.HistoryMissing.Load(), st.Lost.Load(), st.Duplicates.Load()-dups)
+	if st := s.Stats(); st.HistoryMissing != 1 || st.Lost != 7 || st.Duplicates-dups != 1 {
+		t.Errorf("history_missing=%d lost=%d duplicates=%d, want 1, 7, 1", st.HistoryMissing, st.Lost, st.Duplicates-dups)
 	}
 }
 
@@ -154,7 +153,7 @@ func TestFailedPublishIsAGapReplayCannotFill(t *testing.T) {
 		t.Fatalf("got %+v, want a history_missing reset", c)
 	}
 	expectBatches(t, rec, last+2, string(body(1)))
-	if got := s.Stats().Lost.Load(); got != 1 {
+	if got := s.Stats().Lost; got != 1 {
 		t.Errorf("lost = %d, want 1", got)
 	}
 }
@@ -163,10 +162,9 @@ func TestReplayEndpointDownCountsTheLoss(t *testing.T) {
 	ep := freeTCP(t)
 	pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep})
 	defer pub.Close()
-	s, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: freeTCP(t), ReplayTimeout: 200 * time.Millisecond,
-		ReplayPatience: 300 * time.Millisecond, TailCheck: -1})
+	s, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: freeTCP(t), Options: Options{ReplayTimeout: 200 * time.Millisecond, ReplayPatience: 300 * time.Millisecond, TailCheck: -1}})
 	last := syncUp(t, pub, rec)
-	before := s.Stats().ReplayUnreachable.Load()
+	before := s.Stats().ReplayUnreachable
 	pub.Drop(body(0))
 	pub.Publish(body(1))
 	if c := rec.next(t); !c.reset || c.why != ResetGapLost {
@@ -175,9 +173,9 @@ func TestReplayEndpointDownCountsTheLoss(t *testing.T) {
 	expectBatches(t, rec, last+2, string(body(1)))
 	// Retried with backoff for the patience (20ms..200ms steps: several
 	// dials), then lost; unreachable is not a failed replay.
-	if st := s.Stats(); st.ReplayUnreachable.Load()-before < 2 || st.ReplayFailures.Load() != 0 || st.Lost.Load() != 1 {
+	if st := s.Stats(); st.ReplayUnreachable-before < 2 || st.ReplayFailures != 0 || st.Lost != 1 {
 		t.Errorf("replay_unreachable=%d replay_failures=%d lost=%d, want >= 2, 0, 1",
-			st.ReplayUnreachable.Load()-before, st.ReplayFailures.Load(), st.Lost.Load())
+			st.ReplayUnreachable-before, st.ReplayFailures, st.Lost)
 	}
 }
 
@@ -216,8 +214,8 @@ func TestPublisherRestart(t *testing.T) {
 		t.Fatalf("after the reset got %+v", c)
 	}
 	st := s.Stats()
-	if st.Restarts.Load() != 1 || st.Reconnects.Load() < 1 {
-		t.Errorf("restarts=%d reconnects=%d, want 1 and at least 1", st.Restarts.Load(), st.Reconnects.Load())
+	if st.Restarts != 1 || st.Reconnects < 1 {
+		t.Errorf("restarts=%d reconnects=%d, want 1 and at least 1", st.Restarts, st.Reconnects)
 	}
 }
 
@@ -249,7 +247,7 @@ func TestMalformedMessagesAreSkipped(t *testing.T) {
 		want = append(want, string(body(int(i))))
 	}
 	expectBatches(t, rec, start, want...)
-	if got := s.Stats().Malformed.Load(); got != uint64(len(bad)) {
+	if got := s.Stats().Malformed; got != uint64(len(bad)) {
 		t.Errorf("malformed = %d, want %d", got, len(bad))
 	}
 }
@@ -261,7 +259,7 @@ func TestSubscriberDialsBeforeThePublisherBinds(t *testing.T) {
 	pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep})
 	defer pub.Close()
 	syncUp(t, pub, rec)
-	if !s.Stats().Connected.Load() {
+	if !s.Stats().Connected {
 		t.Error("not connected after receiving")
 	}
 }
@@ -270,10 +268,10 @@ func TestIdleWatchdogRebuildsTheSocket(t *testing.T) {
 	ep := freeTCP(t)
 	pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep})
 	defer pub.Close()
-	s, rec := startSubscriber(t, Config{Endpoint: ep, IdleTimeout: 100 * time.Millisecond})
+	s, rec := startSubscriber(t, Config{Endpoint: ep, Options: Options{IdleTimeout: 100 * time.Millisecond}})
 	syncUp(t, pub, rec)
 	// Nothing is published: only the watchdog can make a reconnect.
-	for deadline := time.Now().Add(5 * time.Second); s.Stats().Reconnects.Load() == 0; {
+	for deadline := time.Now().Add(5 * time.Second); s.Stats().Reconnects == 0; {
 		if time.Now().After(deadline) {
 			t.Fatal("no reconnect within 5s of an idle spell with a 100ms idle timeout")
 		}
@@ -310,23 +308,22 @@ func TestTailCheckRecoversAQuietTail(t *testing.T) {
 	ep, replay := freeTCP(t), freeTCP(t)
 	pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep, ReplayEndpoint: replay})
 	defer pub.Close()
-	s, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: replay, TailCheck: 100 * time.Millisecond})
+	s, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: replay, Options: Options{TailCheck: 100 * time.Millisecond}})
 	last := syncUp(t, pub, rec)
-	st := s.Stats()
-	replayed := st.Replayed.Load() // the engine's buffer at connect, replayed first
+	replayed := s.Stats().Replayed // the engine's buffer at connect, replayed first
 	pub.Publish(body(0))
 	pub.Drop(body(1))
 	pub.Drop(body(2))
 	expectBatches(t, rec, last+1, string(body(0)), string(body(1)), string(body(2)))
-	if st.TailChecks.Load() == 0 || st.Replayed.Load()-replayed != 2 || st.Lost.Load() != 0 {
-		t.Errorf("tail checks %d, replayed %d, lost %d; want >= 1, 2, 0", st.TailChecks.Load(), st.Replayed.Load()-replayed, st.Lost.Load())
+	if st := s.Stats(); st.TailChecks == 0 || st.Replayed-replayed != 2 || st.Lost != 0 {
+		t.Errorf("tail checks %d, replayed %d, lost %d; want >= 1, 2, 0", st.TailChecks, st.Replayed-replayed, st.Lost)
 	}
 	// A quiet spell with nothing lost changes nothing.
 	if c, quiet := rec.quiet(350 * time.Millisecond); !quiet {
 		t.Errorf("a tail check with nothing new made a call: %+v", c)
 	}
-	if st.HistoryMissing.Load() != 0 {
-		t.Errorf("history missing = %d, want 0", st.HistoryMissing.Load())
+	if n := s.Stats().HistoryMissing; n != 0 {
+		t.Errorf("history missing = %d, want 0", n)
 	}
 }
 
@@ -375,7 +372,7 @@ func TestReplayWithAHoleAsksAgain(t *testing.T) {
 		<-routerDone
 	}()
 
-	s, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: replay, TailCheck: -1})
+	s, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: replay, Options: Options{TailCheck: -1}})
 	last := syncUp(t, pub, rec)
 	var buf [][]byte
 	for range last {
@@ -398,8 +395,8 @@ func TestReplayWithAHoleAsksAgain(t *testing.T) {
 	if got := []uint64{<-requests, <-requests}; got[0] != last || got[1] != last+1 {
 		t.Errorf("replay requests from %v, want %d then %d (the hole)", got, last, last+1)
 	}
-	if st := s.Stats(); st.Lost.Load() != 0 || st.ReplayFailures.Load() != 0 || st.Restarts.Load() != 0 {
-		t.Errorf("lost %d, replay failures %d, restarts %d; want 0", st.Lost.Load(), st.ReplayFailures.Load(), st.Restarts.Load())
+	if st := s.Stats(); st.Lost != 0 || st.ReplayFailures != 0 || st.Restarts != 0 {
+		t.Errorf("lost %d, replay failures %d, restarts %d; want 0", st.Lost, st.ReplayFailures, st.Restarts)
 	}
 }
 
@@ -432,8 +429,7 @@ func TestCancelDuringAReplayIsNotALoss(t *testing.T) {
 			}
 		}
 	}()
-	s, err := NewSubscriber(Config{Endpoint: ep, ReplayEndpoint: replay, TailCheck: -1, ReplayTimeout: time.Minute,
-		ReconnectMin: 20 * time.Millisecond, ReconnectMax: 200 * time.Millisecond})
+	s, err := NewSubscriber(Config{Endpoint: ep, ReplayEndpoint: replay, Options: Options{TailCheck: -1, ReplayTimeout: time.Minute, ReconnectMin: 20 * time.Millisecond, ReconnectMax: 200 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -459,8 +455,8 @@ func TestCancelDuringAReplayIsNotALoss(t *testing.T) {
 			t.Errorf("a reset (%v) on shutdown", c.why)
 		}
 	}
-	if st := s.Stats(); st.Lost.Load() != 0 || st.ReplayFailures.Load() != 0 || st.ReplayUnreachable.Load() != 0 {
-		t.Errorf("lost %d, replay failures %d, unreachable %d; want 0", st.Lost.Load(), st.ReplayFailures.Load(), st.ReplayUnreachable.Load())
+	if st := s.Stats(); st.Lost != 0 || st.ReplayFailures != 0 || st.ReplayUnreachable != 0 {
+		t.Errorf("lost %d, replay failures %d, unreachable %d; want 0", st.Lost, st.ReplayFailures, st.ReplayUnreachable)
 	}
 	cancelRouter()
 	router.Close()
@@ -488,7 +484,7 @@ func TestNewEpochIsARestart(t *testing.T) {
 	expectBatches(t, rec, seq+1, string(body(int(seq+1))))
 	send("bbbb", seq+2)
 	expectBatches(t, rec, seq+2, string(body(int(seq+2))))
-	if got := s.Stats().Restarts.Load(); got != 1 {
+	if got := s.Stats().Restarts; got != 1 {
 		t.Errorf("restarts %d, want 1", got)
 	}
 }
@@ -507,7 +503,7 @@ func TestImplausibleSeqJumpIsNotALoss(t *testing.T) {
 		t.Fatalf("got %+v, want a restart reset", c)
 	}
 	expectBatches(t, rec, jump, string(body(1)))
-	if st := s.Stats(); st.Lost.Load() != 0 || st.Restarts.Load() != 1 {
-		t.Errorf("lost %d, restarts %d; want 0 and 1", st.Lost.Load(), st.Restarts.Load())
+	if st := s.Stats(); st.Lost != 0 || st.Restarts != 1 {
+		t.Errorf("lost %d, restarts %d; want 0 and 1", st.Lost, st.Restarts)
 	}
 }

@@ -60,7 +60,7 @@ func listenCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	defer cancel()
 	obs := &observer{out: bufio.NewWriter(stdout), stderr: stderr, printEvents: *events && *jsonOut,
 		exitAfter: *exitAfter, stop: cancel, decoders: map[string]*codec.Decoder{}, seen: map[string]bool{}}
-	p, err := supervisor.New(supervisor.Config{BlockSize: *blockSize, Shards: *shards, Topic: *topic, Logger: logger, Observe: obs.batch})
+	p, err := supervisor.New(supervisor.Config{BlockSize: *blockSize, Shards: *shards, Logger: logger, Observe: obs.batch})
 	if err != nil {
 		fmt.Fprintln(stderr, "kvpipe listen:", err)
 		return 2
@@ -73,15 +73,16 @@ func listenCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	for i, e := range eps {
 		name, url := splitNamed(e, i)
 		obs.decoders[name] = codec.NewDecoder()
-		if err := p.AddWorker(name, url, replayOf[name]); err != nil {
-			p.Close()
+		if err := p.AddWorker(name, supervisor.WorkerConfig{Endpoint: url, ReplayEndpoint: replayOf[name], Topic: *topic}); err != nil {
 			fmt.Fprintln(stderr, "kvpipe listen:", err)
 			return 2
 		}
 	}
-	stats := p.WorkerStats() // the counters outlive the pipeline
-	p.Run(ctx)
-	writeSummary(obs.out, summarise(stats), *jsonOut)
+	if err := p.Run(ctx); err != nil && ctx.Err() == nil {
+		fmt.Fprintln(stderr, "kvpipe listen:", err)
+		return 1
+	}
+	writeSummary(obs.out, summarise(p.Stats().Total()), *jsonOut) // the counters outlive the run
 	return 0
 }
 
@@ -130,35 +131,17 @@ type field struct {
 	value uint64
 }
 
-func summarise(stats map[string]supervisor.Stats) summary {
-	var t struct {
-		batches, events, gaps, replayed, lost, duplicates, malformed uint64
-		decodeErrors, restarts, reconnects, resyncs, indexed         uint64
-	}
+func summarise(t supervisor.WorkerStats) summary {
+	w, a := t.Wire, t.Actor
 	filtered := map[string]uint64{}
-	for _, s := range stats {
-		w, a := s.Wire, s.Actor
-		t.batches += w.Batches.Load()
-		t.gaps += w.Gaps.Load()
-		t.replayed += w.Replayed.Load()
-		t.lost += w.Lost.Load()
-		t.duplicates += w.Duplicates.Load()
-		t.malformed += w.Malformed.Load()
-		t.restarts += w.Restarts.Load()
-		t.reconnects += w.Reconnects.Load()
-		t.events += a.Stored.Load() + a.Removed.Load() + a.Cleared.Load() + a.Filtered[actor.UnknownEvent].Load()
-		t.decodeErrors += a.DecodeErrors.Load()
-		t.resyncs += a.Resyncs.Load()
-		t.indexed += uint64(max(a.IndexedBlocks.Load(), 0))
-		for r := range actor.NumReasons {
-			filtered[r.String()] += a.Filtered[r].Load()
-		}
+	for r := range actor.NumReasons {
+		filtered[r.String()] = a.Filtered[r]
 	}
 	return summary{counts: []field{
-		{"batches", t.batches}, {"events", t.events}, {"gaps", t.gaps}, {"replayed", t.replayed},
-		{"lost", t.lost}, {"duplicates", t.duplicates}, {"malformed", t.malformed},
-		{"decode_errors", t.decodeErrors}, {"restarts", t.restarts}, {"reconnects", t.reconnects},
-		{"resyncs", t.resyncs}, {"indexed_blocks", t.indexed},
+		{"batches", w.Batches}, {"events", a.Stored + a.Removed + a.Cleared + a.Filtered[actor.UnknownEvent]},
+		{"gaps", w.Gaps}, {"replayed", w.Replayed}, {"lost", w.Lost}, {"duplicates", w.Duplicates},
+		{"malformed", w.Malformed}, {"decode_errors", a.DecodeErrors}, {"restarts", w.Restarts},
+		{"reconnects", w.Reconnects}, {"resyncs", a.Resyncs}, {"indexed_blocks", uint64(max(a.IndexedBlocks, 0))},
 	}, filtered: filtered}
 }
 

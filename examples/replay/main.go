@@ -24,11 +24,11 @@ import (
 	"os/signal"
 	"time"
 
+	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/sim"
-	"github.com/kvpipe/kvpipe/supervisor"
 	"github.com/kvpipe/kvpipe/wire/wiretest"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -120,12 +120,12 @@ func run(ctx context.Context, o options, stdout, stderr io.Writer) error {
 		return err
 	}
 	reg := prometheus.NewRegistry()
-	p, err := supervisor.New(supervisor.Config{BlockSize: o.blockSize, Shards: o.shards, Registry: reg,
+	p, err := kvpipe.New(kvpipe.Config{BlockSize: o.blockSize, Shards: o.shards, Registry: reg,
 		Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		return err
 	}
-	defer p.Close() // on early returns; Close is idempotent
+	defer p.Shutdown(context.Background()) // on early returns; a second Shutdown does nothing
 	if o.metricsAddr != "" {
 		stopMetrics, err := serveMetrics(o.metricsAddr, reg)
 		if err != nil {
@@ -145,14 +145,14 @@ func run(ctx context.Context, o options, stdout, stderr io.Writer) error {
 			requests: make(chan *sim.Request, 64), done: make(chan struct{})}
 		engines[i] = e
 		defer pub.Close()
-		if err := p.AddWorker(e.name, "tcp://"+pub.Addr(), "tcp://"+pub.ReplayAddr()); err != nil {
+		if err := p.AddWorker(e.name, kvpipe.WorkerConfig{Endpoint: "tcp://" + pub.Addr(), ReplayEndpoint: "tcp://" + pub.ReplayAddr()}); err != nil {
 			return err
 		}
 	}
 	runDone := make(chan error, 1)
 	go func() { runDone <- p.Run(context.Background()) }()
 	if err := waitConnected(ctx, p, len(engines)); err != nil {
-		p.Close()
+		p.Shutdown(context.Background())
 		<-runDone
 		return err
 	}
@@ -166,23 +166,22 @@ func run(ctx context.Context, o options, stdout, stderr io.Writer) error {
 		close(e.requests)
 		<-e.done
 	}
-	stats := p.WorkerStats()
-	settle(p, stats, engines)
+	settle(p, engines)
 	wall := time.Since(start)
-	p.Close()
+	p.Shutdown(context.Background())
 	if err := <-runDone; err != nil {
 		return err
 	}
-	return report(stdout, o, source, reqs[:routed], engines, stats, wall)
+	return report(stdout, o, source, reqs[:routed], engines, p.Stats().Total(), wall) // the counters outlive the run
 }
 
 // waitConnected publishes nothing: it waits until every SUB is connected, so
 // that the first batches are not lost to the PUB/SUB slow start.
-func waitConnected(ctx context.Context, p *supervisor.Pipeline, n int) error {
+func waitConnected(ctx context.Context, p *kvpipe.Pipeline, n int) error {
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
 		connected := 0
-		for _, s := range p.WorkerStats() {
-			if s.Wire.Connected.Load() {
+		for _, s := range p.Stats().Workers {
+			if s.Wire.Connected {
 				connected++
 			}
 		}
@@ -201,7 +200,7 @@ func waitConnected(ctx context.Context, p *supervisor.Pipeline, n int) error {
 
 // route sends each request, at its trace time, to the worker with the least
 // prefill work (blocks it does not hold, per FindMatches) plus queued work.
-func route(ctx context.Context, o options, reqs []sim.Request, p *supervisor.Pipeline, engines []*engine, stderr io.Writer, start time.Time) int {
+func route(ctx context.Context, o options, reqs []sim.Request, p *kvpipe.Pipeline, engines []*engine, stderr io.Writer, start time.Time) int {
 	var h index.Hasher
 	load := make([]float64, len(engines)) // blocks of recent work, decaying
 	const tau = 5000.0                    // trace milliseconds for load to decay by e
@@ -258,25 +257,19 @@ func route(ctx context.Context, o options, reqs []sim.Request, p *supervisor.Pip
 	return len(reqs)
 }
 
-func progress(w io.Writer, p *supervisor.Pipeline, done, total int, elapsed time.Duration) {
-	var events, indexed uint64
-	for _, s := range p.WorkerStats() {
-		events += s.Actor.Stored.Load() + s.Actor.Removed.Load() + s.Actor.Cleared.Load()
-		indexed += uint64(max(s.Actor.IndexedBlocks.Load(), 0))
-	}
+func progress(w io.Writer, p *kvpipe.Pipeline, done, total int, elapsed time.Duration) {
+	a := p.Stats().Total().Actor
+	events, indexed := a.Stored+a.Removed+a.Cleared, max(a.IndexedBlocks, 0)
 	fmt.Fprintf(w, "replay: %d/%d requests, %d events (%.0f/s), %d blocks indexed, %s\n",
 		done, total, events, float64(events)/elapsed.Seconds(), indexed, elapsed.Round(100*time.Millisecond))
 }
 
 // settle waits until the pipeline has received every batch the engines
 // published, so the summary counts them all.
-func settle(p *supervisor.Pipeline, stats map[string]supervisor.Stats, engines []*engine) {
+func settle(p *kvpipe.Pipeline, engines []*engine) {
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
-		var got, gone uint64
-		for _, s := range stats {
-			got += s.Actor.Batches.Load()
-			gone += s.Wire.Lost.Load()
-		}
+		t := p.Stats().Total()
+		got, gone := t.Actor.Batches, t.Wire.Lost
 		published := uint64(0)
 		for _, e := range engines {
 			published += e.pub.Published()
@@ -308,29 +301,16 @@ func randomHitRate(o options, reqs []sim.Request) float64 {
 	return float64(hit) / float64(max(total, 1))
 }
 
-func report(w io.Writer, o options, source string, reqs []sim.Request, engines []*engine, stats map[string]supervisor.Stats, wall time.Duration) error {
+func report(w io.Writer, o options, source string, reqs []sim.Request, engines []*engine, t kvpipe.WorkerStats, wall time.Duration) error {
 	var hit, blocks int
 	for _, e := range engines {
 		hit += e.hitBlocks
 		blocks += e.blocks
 	}
-	var events, stored, lost, gaps, replayed, resyncs, batches uint64
-	var indexed int64
-	filtered := make([]uint64, actor.NumReasons)
-	for _, s := range stats {
-		a, ws := s.Actor, s.Wire
-		events += a.Stored.Load() + a.Removed.Load() + a.Cleared.Load()
-		stored += a.BlocksStored.Load()
-		indexed += a.IndexedBlocks.Load()
-		lost += ws.Lost.Load()
-		gaps += ws.Gaps.Load()
-		replayed += ws.Replayed.Load()
-		resyncs += a.Resyncs.Load()
-		batches += ws.Batches.Load()
-		for r := range actor.NumReasons {
-			filtered[r] += a.Filtered[r].Load()
-		}
-	}
+	a, ws := t.Actor, t.Wire
+	events, stored, indexed := a.Stored+a.Removed+a.Cleared, a.BlocksStored, a.IndexedBlocks
+	lost, gaps, replayed, resyncs, batches := ws.Lost, ws.Gaps, ws.Replayed, a.Resyncs, ws.Batches
+	filtered := a.Filtered
 	fmt.Fprintf(w, "replay summary (%s, %d workers, capacity %d blocks of %d tokens)\n", source, o.workers, o.capacity, o.blockSize)
 	fmt.Fprintf(w, "  requests           %d in %s\n", len(reqs), wall.Round(time.Millisecond))
 	fmt.Fprintf(w, "  events             %d in %d batches (%.0f events/s, %.0f blocks/s)\n", events, batches,

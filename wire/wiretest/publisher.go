@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"sync"
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/kvpipe/kvpipe/internal/zsock"
@@ -31,13 +32,15 @@ type PublisherConfig struct {
 // of the last BufferSteps batches. Its loop goroutine owns the sockets and the
 // buffer; Publish is meant for one goroutine, the engine's step loop.
 type Publisher struct {
-	cfg     PublisherConfig
-	pub     zmq4.Socket
-	router  *zsock.Receiver
-	nextSeq uint64 // owned by the goroutine calling Publish
-	in      chan published
-	done    chan struct{}
-	cancel  context.CancelFunc
+	cfg      PublisherConfig
+	pub      zmq4.Socket
+	router   *zsock.Receiver
+	nextSeq  uint64 // owned by the goroutine calling Publish
+	in       chan published
+	done     chan struct{}
+	cancel   context.CancelFunc
+	closing  sync.Once
+	closeErr error
 }
 
 type published struct {
@@ -108,16 +111,20 @@ func (p *Publisher) publish(payload []byte, send bool) uint64 {
 	return seq
 }
 
-// Close stops the loop and closes the sockets. A later Publisher on the same
-// endpoints starts again at seq 0, as a restarted engine does.
+// Close stops the loop and closes the sockets; later calls do nothing. A
+// later Publisher on the same endpoints starts again at seq 0, as a
+// restarted engine does.
 func (p *Publisher) Close() error {
-	close(p.in)
-	<-p.done
-	p.cancel()
-	if p.router != nil {
-		p.router.Close()
-	}
-	return p.pub.Close()
+	p.closing.Do(func() {
+		close(p.in)
+		<-p.done
+		p.cancel()
+		if p.router != nil {
+			p.router.Close()
+		}
+		p.closeErr = p.pub.Close()
+	})
+	return p.closeErr
 }
 
 func (p *Publisher) loop() {

@@ -1,0 +1,78 @@
+package actor
+
+import (
+	"testing"
+	"time"
+
+	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/index"
+)
+
+// With Block, a shard that stops reading holds the actor at exactly its
+// queue's capacity; closing Done lets the stopping worker go, uncounted.
+func TestBlockStopsAtTheShardQueue(t *testing.T) {
+	const depth = 8
+	ch := make(chan *index.Batch, depth) // nobody reads: a stalled shard
+	done := make(chan struct{})
+	a := New(Config{Worker: 1, BlockSize: 16, Shard: ch, Done: done})
+	var payloads [][]byte
+	for i := range 3 * depth {
+		payloads = append(payloads, codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{stored(uint64(i+1), 16)}}, codec.CurrentVLLM))
+	}
+	handled := make(chan int, 3*depth)
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		for i := range 3 * depth {
+			a.HandleBatch(uint64(i), payloads[i])
+			handled <- i
+		}
+	}()
+	for deadline := time.Now().Add(10 * time.Second); len(ch) < depth; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("queue depth %d, want it to fill to %d", len(ch), depth)
+		}
+	}
+	// The actor is now blocked on the ninth batch: it cannot hand over more.
+	select {
+	case <-finished:
+		t.Fatal("the actor finished although the shard took only its queue's worth")
+	case <-time.After(50 * time.Millisecond):
+	}
+	if got := len(handled); got != depth {
+		t.Errorf("%d batches handled against a stalled shard, want %d (its queue)", got, depth)
+	}
+	close(done)
+	select {
+	case <-finished:
+	case <-time.After(10 * time.Second):
+		t.Fatal("closing Done did not release the blocked actor")
+	}
+	if got := a.Stats().DroppedBatches; got != 0 {
+		t.Errorf("dropped batches = %d after a stop, want 0 (not an overload)", got)
+	}
+}
+
+// With Drop, an overloaded shard costs no allocation per flush: the batch
+// that cannot be sent is the actor's spare, reused.
+func TestDropOverloadAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates; test.sh runs this without it")
+	}
+	ch := make(chan *index.Batch, 2) // filled below, never read
+	a := New(Config{Worker: 1, BlockSize: 16, Shard: ch, Backpressure: Drop})
+	// Each batch stores and removes one block, so each has ops to flush.
+	remove := codec.Event{Type: codec.BlockRemoved, BlockHashes: []uint64{1}}
+	payload := codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{stored(1, 16), remove}}, codec.CurrentVLLM)
+	for i := range 16 { // fill the queue and use up every batch the actor may make
+		a.HandleBatch(uint64(i), payload)
+	}
+	before := a.Stats().DroppedBatches
+	allocs := testing.AllocsPerRun(200, func() { a.HandleBatch(99, payload) })
+	if allocs != 0 {
+		t.Errorf("%.1f allocations per batch dropped, want 0", allocs)
+	}
+	if got := a.Stats().DroppedBatches - before; got < 200 {
+		t.Errorf("dropped %d batches in the measured runs, want every one", got)
+	}
+}

@@ -1,0 +1,18 @@
+package actor
+
+import (
+	"testing"
+
+	"github.com/kvpipe/kvpipe/internal/statstest"
+)
+
+func TestStatsSnapshotCopiesEveryCounter(t *testing.T) {
+	var c counters
+	statstest.CheckLoad(t, &c, c.load)
+	statstest.CheckAdd(t, (*Stats).Add, "Partial")
+	var a, b Stats
+	b.Partial = true
+	if a.Add(b); !a.Partial {
+		t.Error("Add of a partial worker is not partial")
+	}
+}

@@ -1,0 +1,44 @@
+// Package kvpipe is what a KV-cache-aware router imports: a Pipeline that
+// subscribes to every inference engine's KV-cache events and answers which
+// worker holds how much of a prompt. The parts live in wire, codec, actor,
+// index and supervisor; this package names the few types a router touches.
+package kvpipe
+
+import (
+	"github.com/kvpipe/kvpipe/supervisor"
+	"github.com/kvpipe/kvpipe/wire"
+)
+
+type (
+	// Pipeline runs the workers and the index; see supervisor.Pipeline.
+	Pipeline = supervisor.Pipeline
+	// Config configures a Pipeline.
+	Config = supervisor.Config
+	// WorkerConfig is one engine's endpoints, for AddWorker.
+	WorkerConfig = supervisor.WorkerConfig
+	// Match is one worker's overlap with a request.
+	Match = supervisor.Match
+	// Stats is a snapshot of every worker's counters and every shard's state.
+	Stats = supervisor.Stats
+	// WorkerStats is one worker's counters.
+	WorkerStats = supervisor.WorkerStats
+	// Backpressure says what a worker does when its shard is behind.
+	Backpressure = supervisor.Backpressure
+	// SubscriberOptions tune every worker's subscriber (Config.Subscriber).
+	SubscriberOptions = wire.Options
+)
+
+const (
+	Block = supervisor.Block // wait for the shard; replay recovers what the socket then drops
+	Drop  = supervisor.Drop  // drop the batch, count it, resync the worker
+)
+
+var (
+	// ErrClosed is returned once the pipeline has been shut down.
+	ErrClosed = supervisor.ErrClosed
+	// ErrRunning is returned by a second call of Run.
+	ErrRunning = supervisor.ErrRunning
+)
+
+// New validates cfg and returns a Pipeline that starts nothing until Run.
+func New(cfg Config) (*Pipeline, error) { return supervisor.New(cfg) }

@@ -1,0 +1,103 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/kvpipe/kvpipe/wire"
+	"go.uber.org/goleak"
+)
+
+// The zmq4 PUB writer that Close never stops (see ztest.VerifyNoLeaks).
+var zmqPubWriter = goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run")
+
+// New and AddWorker start nothing; a pipeline dropped without Run leaks
+// nothing, and answers as one that holds nothing.
+func TestNewStartsNothing(t *testing.T) {
+	base := goleak.IgnoreCurrent()
+	p, err := New(Config{BlockSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.AddWorker("w", WorkerConfig{Endpoint: "tcp://127.0.0.1:1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := goleak.Find(base); err != nil {
+		t.Errorf("goroutines after New and AddWorker: %v", err)
+	}
+	if ms, err := p.FindMatches(context.Background(), prompt(1, 1)); err != nil || len(ms) != 0 {
+		t.Errorf("FindMatches before Run = %v, %v; want none, nil", ms, err)
+	}
+	if err := p.Sync(context.Background()); err != nil {
+		t.Errorf("Sync before Run = %v, want nil", err)
+	}
+	st := p.Stats()
+	if w, ok := st.Worker("w"); !ok || !w.Actor.Partial || len(st.Shards) != 0 {
+		t.Errorf("Stats before Run = %+v, want worker w (partial) and no shards", st)
+	}
+}
+
+// Run returns once every goroutine it started has stopped: nil after
+// Shutdown, the context's cause when the context ends; it runs once.
+func TestRunOwnsEveryGoroutine(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		stop func(p *Pipeline, cancel context.CancelCauseFunc)
+		want error
+	}{
+		{"Shutdown", func(p *Pipeline, _ context.CancelCauseFunc) { p.Shutdown(context.Background()) }, nil},
+		{"context", func(_ *Pipeline, cancel context.CancelCauseFunc) { cancel(errRouterStopping) }, errRouterStopping},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEngine(t)
+			base := goleak.IgnoreCurrent()
+			p, err := New(Config{BlockSize: 16, Subscriber: wire.Options{ReconnectMin: 10 * time.Millisecond}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := p.AddWorker("before", WorkerConfig{Endpoint: e.ep, ReplayEndpoint: e.replay}); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancelCause(context.Background())
+			defer cancel(nil)
+			done := make(chan error, 1)
+			go func() { done <- p.Run(ctx) }()
+			if err := p.AddWorker("after", WorkerConfig{Endpoint: e.ep}); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "both workers indexing", func() { e.parent = 0; e.store(prompt(1, 1), 16) }, func() bool {
+				s := scores(t, p, prompt(1, 1))
+				return s["before"] == 1 && s["after"] == 1
+			})
+			if err := p.Run(ctx); !errors.Is(err, ErrRunning) {
+				t.Errorf("a second Run = %v, want ErrRunning", err)
+			}
+			tc.stop(p, cancel)
+			select {
+			case err := <-done:
+				if !errors.Is(err, tc.want) && err != tc.want {
+					t.Errorf("Run = %v, want %v", err, tc.want)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("Run did not return")
+			}
+			e.pub.Close() // its connections go too
+			if err := goleak.Find(base, zmqPubWriter); err != nil {
+				t.Errorf("goroutines left once Run returned: %v", err)
+			}
+			if err := p.AddWorker("late", WorkerConfig{Endpoint: e.ep}); !errors.Is(err, ErrClosed) {
+				t.Errorf("AddWorker after Run = %v, want ErrClosed", err)
+			}
+			if err := p.Run(context.Background()); !errors.Is(err, ErrClosed) {
+				t.Errorf("Run after Run = %v, want ErrClosed", err)
+			}
+			if _, err := p.FindMatches(context.Background(), prompt(1, 1)); !errors.Is(err, ErrClosed) {
+				t.Errorf("FindMatches after Run = %v, want ErrClosed", err)
+			}
+		})
+	}
+}
+
+var errRouterStopping = errors.New("router stopping")
