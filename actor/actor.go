@@ -442,7 +442,7 @@ func (a *Actor) reindex(ext uint64) {
 	}
 }
 
-// filter applies the group and medium rules (SPEC 3.3 and 3.4), learning
+// filter applies the group and medium rules (docs/FORMAT.md §9.2 and §9.3), learning
 // each group's kind from events that carry both.
 func (a *Actor) filter(e *codec.Event) (Reason, bool) {
 	if e.SpecKind != "" {

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """An SGLang-style KV event publisher on the C libzmq (pyzmq), shaped as the
-snapshot-capable ZmqEventPublisher of SGLang (SPEC section 6):
+snapshot-capable ZmqEventPublisher of SGLang (docs/FORMAT.md §6):
 
   - PUB sends [topic + b"\\x00sgl-kv-epoch=" + epoch, seq (8 bytes BE), batch],
     the batch SGLang's array-like [ts, events, attn_dp_rank] with array-form
