@@ -3,9 +3,14 @@ package index
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"hash/fnv"
 	"hash/maphash"
+	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/zeebo/xxh3"
@@ -61,6 +66,22 @@ func mooncake(b *testing.B, limit int) (steps []Batch, prompts [][]uint64) {
 	return steps, prompts
 }
 
+var (
+	traceOnce    sync.Once
+	traceSteps   []Batch
+	tracePrompts [][]uint64
+)
+
+// trace is mooncake(b, 0), built once per run: the benchmarks below only
+// read it (a Batch without Return is not written by the shard).
+func trace(b *testing.B) ([]Batch, [][]uint64) {
+	traceOnce.Do(func() { traceSteps, tracePrompts = mooncake(b, 0) })
+	if traceSteps == nil {
+		b.Fatal("no trace")
+	}
+	return traceSteps, tracePrompts
+}
+
 func countOps(steps []Batch) (n int) {
 	for _, s := range steps {
 		n += len(s.Ops)
@@ -84,7 +105,7 @@ func applyAll(t *Tree, steps []Batch) {
 // replays the whole trace and clears the workers, so from the second on the
 // tree reuses what the first allocated.
 func BenchmarkTreeApply(b *testing.B) {
-	steps, _ := mooncake(b, 0)
+	steps, _ := trace(b)
 	ops := countOps(steps)
 	t := NewTree()
 	applyAll(t, steps)
@@ -110,7 +131,7 @@ const recent = 2000
 // BenchmarkFindMatches: one recent request's prompt (on average 750 keys)
 // against the tree the trace left behind.
 func BenchmarkFindMatches(b *testing.B) {
-	steps, prompts := mooncake(b, 0)
+	steps, prompts := trace(b)
 	prompts = prompts[len(prompts)-recent:]
 	t := NewTree()
 	applyAll(t, steps)
@@ -136,10 +157,11 @@ func BenchmarkFindMatches(b *testing.B) {
 	}
 }
 
-// BenchmarkShardsFindMatches: the same through the shard goroutines, asked
-// and merged, for 1, 2 and 4 shards.
+// BenchmarkShardsFindMatches: the same through Shards, whose tables are read
+// on the benchmark goroutine, for 1, 2 and 4 shards; dst is reused, so a
+// lookup allocates nothing.
 func BenchmarkShardsFindMatches(b *testing.B) {
-	steps, prompts := mooncake(b, 0)
+	steps, prompts := trace(b)
 	prompts = prompts[len(prompts)-recent:]
 	for _, n := range []int{1, 2, 4} {
 		b.Run(map[int]string{1: "shards=1", 2: "shards=2", 4: "shards=4"}[n], func(b *testing.B) {
@@ -164,6 +186,114 @@ func BenchmarkShardsFindMatches(b *testing.B) {
 				i++
 			}
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "requests/s")
+		})
+	}
+}
+
+// BenchmarkShardsIngest: the whole trace through the shard goroutines, then
+// every worker cleared, per iteration; an iteration ends when the shards
+// have applied it. A warm-up pass first, so the steady state is timed.
+func BenchmarkShardsIngest(b *testing.B) {
+	steps, _ := trace(b)
+	ops := countOps(steps)
+	for _, n := range []int{1, 2, 4} {
+		b.Run(fmt.Sprintf("shards=%d", n), func(b *testing.B) {
+			s := NewShards(n, 64)
+			defer s.Close()
+			clears := make([]Batch, benchWorkers)
+			for w := range clears {
+				clears[w] = Batch{Worker: WorkerID(w), Ops: []Op{{Kind: OpClearWorker}}}
+			}
+			ctx := context.Background()
+			pass := func() {
+				for i := range steps {
+					s.Queue(steps[i].Worker) <- &steps[i]
+				}
+				for i := range clears {
+					s.Queue(clears[i].Worker) <- &clears[i]
+				}
+				if err := s.Sync(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			pass()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				pass()
+			}
+			b.ReportMetric(float64(ops)*float64(b.N)/b.Elapsed().Seconds(), "blocks/s")
+		})
+	}
+}
+
+// BenchmarkShardsFindMatchesUnderIngest: FindMatches of the recent prompts
+// on the benchmark goroutine while another replays the trace into the
+// shards at full speed (after a first replay, so the index is warm). It
+// reports each lookup's latency percentiles, the lookups and the blocks
+// applied per second; allocs/op counts the ingest's allocations too.
+func BenchmarkShardsFindMatchesUnderIngest(b *testing.B) {
+	steps, prompts := trace(b)
+	prompts = prompts[len(prompts)-recent:]
+	for _, n := range []int{1, 2, 4} {
+		b.Run(fmt.Sprintf("shards=%d", n), func(b *testing.B) {
+			s := NewShards(n, 64)
+			defer s.Close()
+			for i := range steps {
+				s.Queue(steps[i].Worker) <- &steps[i]
+			}
+			ctx := context.Background()
+			if err := s.Sync(ctx); err != nil {
+				b.Fatal(err)
+			}
+			var sent atomic.Int64 // blocks handed to the shards
+			stop, done := make(chan struct{}), make(chan struct{})
+			go func() {
+				defer close(done)
+				for {
+					for i := range steps {
+						select {
+						case s.Queue(steps[i].Worker) <- &steps[i]:
+							sent.Add(int64(len(steps[i].Ops)))
+						case <-stop:
+							return
+						}
+					}
+				}
+			}()
+			lat := make([]int64, 1<<18) // a ring of the latest latencies: nothing allocated while timed
+			var dst []Score
+			matched := 0
+			b.ReportAllocs()
+			b.ResetTimer()
+			sent.Store(0)
+			i := 0
+			for b.Loop() {
+				start := time.Now()
+				var err error
+				if dst, err = s.FindMatches(ctx, dst[:0], prompts[i%len(prompts)]); err != nil {
+					b.Fatal(err)
+				}
+				lat[i&(len(lat)-1)] = int64(time.Since(start))
+				best := 0
+				for _, sc := range dst {
+					best = max(best, sc.Blocks)
+				}
+				matched += best
+				i++
+			}
+			elapsed := b.Elapsed().Seconds()
+			applied := sent.Load()
+			close(stop)
+			<-done
+			lat = lat[:min(i, len(lat))]
+			slices.Sort(lat)
+			b.ReportMetric(float64(lat[len(lat)/2]), "p50-ns")
+			b.ReportMetric(float64(lat[len(lat)*99/100]), "p99-ns")
+			b.ReportMetric(float64(lat[len(lat)-1]), "max-ns")
+			b.ReportMetric(float64(b.N)/elapsed, "lookups/s")
+			b.ReportMetric(float64(applied)/elapsed, "ingest-blocks/s")
+			b.ReportMetric(float64(matched)/float64(b.N), "best-match-blocks")
 		})
 	}
 }

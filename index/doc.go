@@ -1,4 +1,10 @@
 // Package index is the router's prefix index: chained router block hashes,
-// and shard goroutines that each own a tree of the blocks their pinned workers
-// hold and answer FindMatches with per-worker overlap scores.
+// and shard goroutines that each apply their pinned workers' batches to a
+// flat table of the blocks those workers hold (block key -> worker bitset).
+// FindMatches reads the tables on the caller's goroutine, without waiting
+// for the shards, and returns per-worker overlap scores. An answer may mix
+// states from before and after a batch being applied meanwhile; after Sync
+// it is exact (Shards says precisely what holds). Tree is the same index as
+// a plain single-goroutine structure, the reference the tables are tested
+// against.
 package index

@@ -1,8 +1,10 @@
 package index
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -36,34 +38,44 @@ type Batch struct {
 // ErrClosed is returned by a Shards that has been closed.
 var ErrClosed = errors.New("index: shards closed")
 
-// Shards runs N shard goroutines, each owning a Tree. A worker is pinned to
-// shard WorkerID % N for its lifetime, so its batches are applied in order.
+// Shards runs N shard goroutines. A worker is pinned to shard WorkerID % N
+// for its lifetime, and each shard goroutine is the only writer of its
+// workers' index, so a worker's batches are applied in order. FindMatches
+// reads every shard's index on the caller's goroutine: it never waits for a
+// shard, nor a shard for it.
+//
+// Consistency: an answer may mix states from before and after a batch being
+// applied while it reads. It reads keys in order, each key's holders (per
+// shard and per 64 workers) at one instant, later keys at later instants, all
+// between the call's start and its return; a worker's score is the number
+// of leading keys it was seen holding that way. So a worker that held
+// hashes[0..k-1] throughout the call scores at least k, a worker that held
+// hashes[0] at no point of the call is left out, and a batch applied
+// meanwhile (a store, a remove, a cleared or removed worker) may be seen in
+// part. A shard that applies nothing during the call answers exactly for
+// the batches it has applied; after Sync returns, answers are exact for
+// every batch queued before it, until more batches are sent.
 type Shards struct {
 	shards []*shard
 	wg     sync.WaitGroup
-	closed chan struct{}
+	closed atomic.Bool
 	once   sync.Once
 }
 
 type shard struct {
-	in      chan *Batch
-	queries chan *query
-	tree    *Tree
+	in chan *Batch
+	ix *writer
 	// Read by metrics from any goroutine; written by the shard alone.
 	nodes, unknownRemoves atomic.Int64
 }
 
-type query struct {
-	hashes []uint64
-	scores []Score
-	done   chan *query
-}
-
 // NewShards starts n shards with input queues of depth batches each.
-func NewShards(n, depth int) *Shards {
-	s := &Shards{closed: make(chan struct{})}
+func NewShards(n, depth int) *Shards { return newShards(n, depth, minCap) }
+
+func newShards(n, depth, capacity int) *Shards {
+	s := &Shards{}
 	for range max(n, 1) {
-		sh := &shard{in: make(chan *Batch, depth), queries: make(chan *query), tree: NewTree()}
+		sh := &shard{in: make(chan *Batch, depth), ix: newWriter(capacity)}
 		s.shards = append(s.shards, sh)
 		s.wg.Go(sh.run)
 	}
@@ -79,35 +91,30 @@ func (s *Shards) Queue(w WorkerID) chan<- *Batch { return s.shards[int(w)%len(s.
 // QueueDepth reports how many batches wait at shard i.
 func (s *Shards) QueueDepth(i int) int { return len(s.shards[i].in) }
 
-// Nodes reports shard i's live node count as of its last applied batch.
+// Nodes reports how many blocks some worker of shard i holds, as of its last
+// applied batch.
 func (s *Shards) Nodes(i int) int64 { return s.shards[i].nodes.Load() }
 
 // UnknownRemoves reports shard i's removes of blocks their worker did not hold.
 func (s *Shards) UnknownRemoves(i int) int64 { return s.shards[i].unknownRemoves.Load() }
 
-// FindMatches asks every shard for the workers holding a prefix of hashes
-// and appends their scores to dst. Shards answer ahead of their queued
-// batches, so the answer reflects what each had applied when asked (use
-// Sync first to see everything sent before).
+// FindMatches appends to dst the score of every worker holding at least
+// hashes[0], sorted by Worker, as of what the shards have applied (see
+// Shards for how a batch being applied meanwhile shows). It allocates
+// nothing when dst has room for the scores. ctx is only checked on entry:
+// the call does not block.
 func (s *Shards) FindMatches(ctx context.Context, dst []Score, hashes []uint64) ([]Score, error) {
-	done := make(chan *query, len(s.shards))
+	if s.closed.Load() {
+		return dst, ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return dst, err
+	}
+	start := len(dst)
 	for _, sh := range s.shards {
-		select {
-		case sh.queries <- &query{hashes: hashes, done: done}:
-		case <-s.closed:
-			return dst, ErrClosed
-		case <-ctx.Done():
-			return dst, ctx.Err()
-		}
+		dst = sh.ix.FindMatches(dst, hashes)
 	}
-	for range s.shards {
-		select {
-		case q := <-done:
-			dst = append(dst, q.scores...)
-		case <-ctx.Done():
-			return dst, ctx.Err()
-		}
-	}
+	slices.SortFunc(dst[start:], func(a, b Score) int { return cmp.Compare(a.Worker, b.Worker) })
 	return dst, nil
 }
 
@@ -133,10 +140,10 @@ func (s *Shards) Sync(ctx context.Context) error {
 }
 
 // Close stops the shards after they applied everything queued, and waits.
-// Every sender must have stopped first.
+// Every sender must have stopped first. FindMatches returns ErrClosed after.
 func (s *Shards) Close() {
 	s.once.Do(func() {
-		close(s.closed)
+		s.closed.Store(true)
 		for _, sh := range s.shards {
 			close(sh.in)
 		}
@@ -145,30 +152,9 @@ func (s *Shards) Close() {
 }
 
 func (sh *shard) run() {
-	for {
-		// Questions first: a router waits on them, while batches only wait
-		// their turn. An answer reflects the batches applied so far.
-		select {
-		case q := <-sh.queries:
-			sh.answer(q)
-			continue
-		default:
-		}
-		select {
-		case b, ok := <-sh.in:
-			if !ok {
-				return
-			}
-			sh.apply(b)
-		case q := <-sh.queries:
-			sh.answer(q)
-		}
+	for b := range sh.in {
+		sh.apply(b)
 	}
-}
-
-func (sh *shard) answer(q *query) {
-	q.scores = sh.tree.FindMatches(nil, q.hashes)
-	q.done <- q
 }
 
 func (sh *shard) apply(b *Batch) {
@@ -176,21 +162,21 @@ func (sh *shard) apply(b *Batch) {
 		b.synced <- struct{}{}
 		return
 	}
-	t := sh.tree
+	ix := sh.ix
 	for _, op := range b.Ops {
 		switch op.Kind {
 		case OpStore:
-			t.Store(b.Worker, op.Hash)
+			ix.Store(b.Worker, op.Hash)
 		case OpRemove:
-			t.Remove(b.Worker, op.Hash)
+			ix.Remove(b.Worker, op.Hash)
 		case OpClearWorker:
-			t.ClearWorker(b.Worker)
+			ix.ClearWorker(b.Worker)
 		case OpRemoveWorker:
-			t.RemoveWorker(b.Worker)
+			ix.RemoveWorker(b.Worker)
 		}
 	}
-	sh.nodes.Store(int64(t.Nodes()))
-	sh.unknownRemoves.Store(int64(t.UnknownRemoves))
+	sh.nodes.Store(int64(ix.Nodes()))
+	sh.unknownRemoves.Store(int64(ix.unknownRemoves))
 	if b.Return != nil {
 		b.Ops = b.Ops[:0]
 		b.Return <- b

@@ -3,10 +3,11 @@ package index
 // WorkerID names a worker inside the index.
 type WorkerID uint32
 
-// Tree is one shard's prefix tree. Router hashes are chained, so a hash
-// names its whole prefix: the tree is kept flat, a map from hash to node, and
-// a walk down it is a lookup per block. A node lives while a worker holds it.
-// A Tree is owned by one goroutine.
+// Tree is the prefix index as a plain structure owned by one goroutine: the
+// reference the shards' concurrent tables are tested against. Router hashes
+// are chained, so a hash names its whole prefix: the tree is kept flat, a
+// map from hash to node, and a walk down it is a lookup per block. A node
+// lives while a worker holds it.
 type Tree struct {
 	nodes map[uint64]*node
 	free  []*node                       // freed nodes, reused so that a warm tree allocates nothing
