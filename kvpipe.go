@@ -5,6 +5,7 @@
 package kvpipe
 
 import (
+	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/supervisor"
 	"github.com/kvpipe/kvpipe/wire"
 )
@@ -26,6 +27,9 @@ type (
 	Backpressure = supervisor.Backpressure
 	// SubscriberOptions tune every worker's subscriber (Config.Subscriber).
 	SubscriberOptions = wire.Options
+	// Hasher turns a prompt's tokens into router block keys, for
+	// FindMatchesKeys and AppendMatches; its zero value is ready.
+	Hasher = index.Hasher
 )
 
 const (

@@ -74,30 +74,61 @@ func load(b *testing.B) *workload {
 	return loaded
 }
 
+// queryRates are the querier's paces: flat out (0), and a fixed rate of
+// questions per second, as a router asking on every request would.
+var queryRates = []int{0, 20_000}
+
+type benchCase struct {
+	name         string
+	shards, rate int
+}
+
+// shardsAndRates crosses 1, 2 and 4 shards with every query rate.
+func shardsAndRates() []benchCase {
+	var out []benchCase
+	for _, n := range []int{1, 2, 4} {
+		for _, r := range queryRates {
+			q := "query=flat"
+			if r > 0 {
+				q = fmt.Sprintf("query=%dk", r/1000)
+			}
+			out = append(out, benchCase{fmt.Sprintf("shards=%d/%s", n, q), n, r})
+		}
+	}
+	return out
+}
+
 // measure runs pass once to warm up and once alone to count its
-// allocations, then b.N times while a goroutine asks find in a loop, and
-// reports throughput, allocations per event and find's latency percentiles.
-func measure(b *testing.B, w *workload, pass func(), find func([]uint64) error) {
+// allocations, then b.N times while a goroutine asks find (flat out, or at
+// rate questions a second), and reports throughput, allocations per event,
+// find's latency percentiles and the questions answered per second.
+func measure(b *testing.B, w *workload, rate int, pass func(), find func([]uint64) error) {
 	pass()
 	before := mallocs()
 	pass() // the querier's allocations are not the pipeline's
 	perPass := mallocs() - before
 
-	var lat []time.Duration
+	lat := make([]time.Duration, 0, 1<<20)
 	stop, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
+		start := time.Now()
 		for i := 0; ; i++ {
 			select {
 			case <-stop:
 				return
 			default:
 			}
-			start := time.Now()
+			if rate > 0 { // wait until question i is due; a late one goes at once
+				if wait := time.Duration(float64(i)/float64(rate)*1e9) - time.Since(start); wait > 0 {
+					time.Sleep(wait)
+				}
+			}
+			t := time.Now()
 			if find(w.prompts[i%len(w.prompts)]) != nil {
 				return
 			}
-			lat = append(lat, time.Since(start))
+			lat = append(lat, time.Since(t))
 		}
 	}()
 	b.SetBytes(int64(w.bytes))
@@ -113,6 +144,7 @@ func measure(b *testing.B, w *workload, pass func(), find func([]uint64) error) 
 	b.ReportMetric(float64(w.events*b.N)/sec, "events/s")
 	b.ReportMetric(float64(w.blocks*b.N)/sec, "blocks/s")
 	b.ReportMetric(float64(perPass)/float64(w.events), "allocs/event")
+	b.ReportMetric(float64(len(lat))/sec, "finds/s")
 	if len(lat) > 0 {
 		slices.Sort(lat)
 		b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds()), "find-p50-ns")
@@ -130,8 +162,9 @@ func mallocs() uint64 {
 // worker as in production, with FindMatches asked all along.
 func BenchmarkInProcess(b *testing.B) {
 	w := load(b)
-	for _, n := range []int{1, 2, 4} {
-		b.Run(fmt.Sprintf("shards=%d", n), func(b *testing.B) {
+	for _, bc := range shardsAndRates() {
+		n, rate := bc.shards, bc.rate
+		b.Run(bc.name, func(b *testing.B) {
 			shards := index.NewShards(n, 256)
 			defer shards.Close()
 			var actors [workers]*actor.Actor
@@ -152,7 +185,7 @@ func BenchmarkInProcess(b *testing.B) {
 			}
 			ctx := context.Background()
 			var dst []index.Score
-			measure(b, w, pass, func(keys []uint64) (err error) {
+			measure(b, w, rate, pass, func(keys []uint64) (err error) {
 				dst, err = shards.FindMatches(ctx, dst[:0], keys)
 				return err
 			})
@@ -165,8 +198,9 @@ func BenchmarkInProcess(b *testing.B) {
 // pipeline has applied every batch. allocs/event counts both ends.
 func BenchmarkLoopback(b *testing.B) {
 	w := load(b)
-	for _, n := range []int{1, 2, 4} {
-		b.Run(fmt.Sprintf("shards=%d", n), func(b *testing.B) {
+	for _, bc := range shardsAndRates() {
+		n, rate := bc.shards, bc.rate
+		b.Run(bc.name, func(b *testing.B) {
 			p, err := supervisor.New(supervisor.Config{BlockSize: blockSize, Shards: n, ShardQueue: 256})
 			if err != nil {
 				b.Fatal(err)
@@ -234,8 +268,9 @@ func BenchmarkLoopback(b *testing.B) {
 				}
 			}
 			ctx := context.Background()
-			measure(b, w, pass, func(keys []uint64) error {
-				_, err := p.FindMatchesKeys(ctx, keys)
+			var dst []supervisor.Match
+			measure(b, w, rate, pass, func(keys []uint64) (err error) {
+				dst, err = p.AppendMatches(ctx, dst[:0], keys)
 				return err
 			})
 			if lost := p.Stats().Total().Wire.Lost; lost != 0 {

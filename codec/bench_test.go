@@ -6,9 +6,9 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 )
 
-// realisticPayload is one engine step: 8 BlockStored of 4 blocks of 16
+// realisticBatch is one engine step: 8 BlockStored of 4 blocks of 16
 // tokens, a BlockRemoved of 8 blocks, as vLLM publishes them.
-func realisticPayload(l Layout) []byte {
+func realisticBatch() Batch {
 	b := Batch{TS: 1733000000.123, HasDPRank: true}
 	h := uint64(0x9e3779b97f4a7c15)
 	for i := range 8 {
@@ -27,7 +27,41 @@ func realisticPayload(l Layout) []byte {
 		rm.BlockHashes = append(rm.BlockHashes, uint64(i)*0x1234567)
 	}
 	b.Events = append(b.Events, rm)
+	return b
+}
+
+// realisticPayload is realisticBatch encoded in layout l.
+func realisticPayload(l Layout) []byte {
+	b := realisticBatch()
 	return AppendBatch(nil, &b, l)
+}
+
+// encodeLayouts are the layouts BenchmarkAppendBatch and the zero-allocation
+// test encode: both event forms, and the hash forms that take other paths.
+var encodeLayouts = []struct {
+	name string
+	l    Layout
+}{
+	{"vllm-map", CurrentVLLM},
+	{"array", Layout{ArrayEvents: true}},
+	{"array-8-signed", Layout{ArrayEvents: true, StoredSlots: 8, SignedHashes: true}},
+	{"array-bin", Layout{ArrayEvents: true, BinHashes: true}},
+}
+
+// BenchmarkAppendBatch encodes into a reused buffer, as a publisher would.
+func BenchmarkAppendBatch(b *testing.B) {
+	for _, tc := range encodeLayouts {
+		b.Run(tc.name, func(b *testing.B) {
+			batch := realisticBatch()
+			dst := AppendBatch(nil, &batch, tc.l)
+			b.SetBytes(int64(len(dst)))
+			b.ReportAllocs()
+			for b.Loop() {
+				dst = AppendBatch(dst[:0], &batch, tc.l)
+			}
+			b.ReportMetric(float64(b.N*eventsPerPayload)/b.Elapsed().Seconds(), "events/s")
+		})
+	}
 }
 
 const eventsPerPayload = 9

@@ -292,6 +292,20 @@ func TestSteadyStateDecodeAllocatesNothing(t *testing.T) {
 	}
 }
 
+// AppendBatch into a buffer with room allocates nothing, in every event form.
+func TestAppendBatchAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates on its own")
+	}
+	for _, tc := range encodeLayouts {
+		b := realisticBatch()
+		dst := AppendBatch(nil, &b, tc.l)
+		if allocs := testing.AllocsPerRun(100, func() { dst = AppendBatch(dst[:0], &b, tc.l) }); allocs != 0 {
+			t.Errorf("%s: AppendBatch allocates %.1f times per batch, want 0", tc.name, allocs)
+		}
+	}
+}
+
 func TestMediumTierAndKind(t *testing.T) {
 	tiers := map[string]Tier{"": TierDevice, "GPU": TierDevice, "CPU": TierHost, "CPU_PINNED": TierHost,
 		"DISK": TierDisk, "NVME": TierDisk, "STORAGE": TierDisk, "EXTERNAL": TierRemote, "REMOTE": TierRemote,

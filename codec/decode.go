@@ -279,7 +279,7 @@ func fieldOf(key []byte) field {
 	return fieldUnknown
 }
 
-// Array slots per tag (SPEC section 2 table); slot 0 is the tag.
+// Array slots per tag (docs/FORMAT.md §8.2); slot 0 is the tag.
 var (
 	storedSlots = [...]field{fieldType, fieldBlockHashes, fieldParent, fieldTokenIDs, fieldBlockSize, fieldLoraID,
 		fieldMedium, fieldLoraName, fieldExtraKeys, fieldGroupIdx, fieldSpecKind, fieldSlidingWindow}
@@ -289,6 +289,21 @@ var (
 
 // minSlots is the shortest array each tag was ever sent with, tag included.
 var minSlots = [...]uint32{BlockStored: 5, BlockRemoved: 2, AllBlocksCleared: 1}
+
+// slotsOf is the array slot table of t, nil for a tag without one. The
+// encoder and the decoder (past the tag, which picks the table) take
+// positions from it alone.
+func slotsOf(t EventType) []field {
+	switch t {
+	case BlockStored:
+		return storedSlots[:]
+	case BlockRemoved:
+		return removedSlots[:]
+	case AllBlocksCleared:
+		return clearedSlots[:]
+	}
+	return nil
+}
 
 func (d *Decoder) decodeArrayEvent(p []byte, e *Event, b *Batch) ([]byte, bool, error) {
 	n, p, err := msgp.ReadArrayHeaderBytes(p)
@@ -303,15 +318,8 @@ func (d *Decoder) decodeArrayEvent(p []byte, e *Event, b *Batch) ([]byte, bool, 
 		return p, false, fieldErr("type", err, p)
 	}
 	e.Type = parseTag(tag)
-	var slots []field
-	switch e.Type {
-	case BlockStored:
-		slots = storedSlots[:]
-	case BlockRemoved:
-		slots = removedSlots[:]
-	case AllBlocksCleared:
-		slots = clearedSlots[:]
-	default:
+	slots := slotsOf(e.Type)
+	if slots == nil {
 		for i := uint32(1); i < n; i++ {
 			if p, err = msgp.Skip(p); err != nil {
 				return p, false, err

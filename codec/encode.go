@@ -58,10 +58,10 @@ func AppendBatch(dst []byte, b *Batch, l Layout) []byte {
 	switch {
 	case l.MapBatch && b.HasDPRank:
 		dst = msgp.AppendString(dst, "data_parallel_rank")
-		dst = msgp.AppendInt64(dst, b.DPRank)
+		dst = appendInt(dst, b.DPRank)
 	case l.MapBatch || l.NoDPRank:
 	case b.HasDPRank:
-		dst = msgp.AppendInt64(dst, b.DPRank)
+		dst = appendInt(dst, b.DPRank)
 	default:
 		dst = msgp.AppendNil(dst)
 	}
@@ -83,7 +83,7 @@ func appendMapEvent(dst []byte, e *Event, l Layout) []byte {
 		dst = msgp.AppendString(dst, "token_ids")
 		dst = appendTokens(dst, e.TokenIDs)
 		dst = msgp.AppendString(dst, "block_size")
-		dst = msgp.AppendInt(dst, e.BlockSize)
+		dst = appendInt(dst, int64(e.BlockSize))
 		dst = msgp.AppendString(dst, "lora_id")
 		dst = appendOptInt(dst, e.LoraID, e.HasLoraID)
 		dst = msgp.AppendString(dst, "medium")
@@ -96,14 +96,14 @@ func appendMapEvent(dst []byte, e *Event, l Layout) []byte {
 		}
 		if e.HasGroupIdx {
 			dst = msgp.AppendString(dst, "group_idx")
-			dst = msgp.AppendInt(dst, e.GroupIdx)
+			dst = appendInt(dst, int64(e.GroupIdx))
 		}
 		if e.SpecKind != "" {
 			dst = appendKey(dst, "kv_cache_spec_kind", e.SpecKind)
 		}
 		if e.HasSlidingWindow {
 			dst = msgp.AppendString(dst, "kv_cache_spec_sliding_window")
-			dst = msgp.AppendInt(dst, e.SlidingWindow)
+			dst = appendInt(dst, int64(e.SlidingWindow))
 		}
 	case BlockRemoved:
 		dst = msgp.AppendMapHeader(dst, 3+count(e.HasGroupIdx))
@@ -114,7 +114,7 @@ func appendMapEvent(dst []byte, e *Event, l Layout) []byte {
 		dst = appendOptString(dst, e.Medium)
 		if e.HasGroupIdx {
 			dst = msgp.AppendString(dst, "group_idx")
-			dst = msgp.AppendInt(dst, e.GroupIdx)
+			dst = appendInt(dst, int64(e.GroupIdx))
 		}
 	default:
 		if e.Medium == "" {
@@ -126,71 +126,103 @@ func appendMapEvent(dst []byte, e *Event, l Layout) []byte {
 	return dst
 }
 
+// appendArrayEvent writes e as a positional array. Positions come only from
+// the decoder's slot tables, values from the switch on field id below (the
+// encoding side of decodeField; unset fields are nil): a table out of order
+// cannot be cancelled out by a second mistake here, and slots_test.go checks
+// the tables' order against docs/FORMAT.md §8.2. The switch stays in the
+// loop: a function per field cost a call per slot.
 func appendArrayEvent(dst []byte, e *Event, l Layout) []byte {
-	switch e.Type {
-	case BlockStored:
-		n := l.StoredSlots
-		if n == 0 || n > len(storedSlots) {
-			n = len(storedSlots)
-		}
-		n = max(n, int(minSlots[BlockStored]))
-		dst = msgp.AppendArrayHeader(dst, uint32(n))
-		dst = msgp.AppendString(dst, "BlockStored")
-		for slot := 1; slot < n; slot++ {
-			switch slot {
-			case 1:
-				dst = appendHashes(dst, e.BlockHashes, l)
-			case 2:
-				dst = appendOptHash(dst, e.ParentHash, e.HasParent, l)
-			case 3:
-				dst = appendTokens(dst, e.TokenIDs)
-			case 4:
-				dst = msgp.AppendInt(dst, e.BlockSize)
-			case 5:
-				dst = appendOptInt(dst, e.LoraID, e.HasLoraID)
-			case 6:
-				dst = appendOptString(dst, e.Medium)
-			case 7:
-				dst = appendOptString(dst, e.LoraName)
-			case 8:
-				if e.ExtraKeys == nil {
-					dst = msgp.AppendNil(dst)
-				} else {
-					dst = append(dst, e.ExtraKeys...)
-				}
-			case 9:
-				dst = appendOptInt(dst, int64(e.GroupIdx), e.HasGroupIdx)
-			case 10:
-				dst = appendOptString(dst, e.SpecKind)
-			case 11:
-				dst = appendOptInt(dst, int64(e.SlidingWindow), e.HasSlidingWindow)
+	t := e.Type
+	slots := slotsOf(t)
+	if slots == nil { // EventUnknown has no encoding; appendMapEvent does the same
+		t = AllBlocksCleared
+		slots = slotsOf(t)
+	}
+	slots = slots[:arrayLen(t, slots, e, l)]
+	dst = msgp.AppendArrayHeader(dst, uint32(len(slots)))
+	for _, f := range slots {
+		switch f {
+		case fieldType:
+			dst = msgp.AppendString(dst, t.String())
+		case fieldBlockHashes:
+			dst = appendHashes(dst, e.BlockHashes, l)
+		case fieldParent:
+			dst = appendOptHash(dst, e.ParentHash, e.HasParent, l)
+		case fieldTokenIDs:
+			dst = appendTokens(dst, e.TokenIDs)
+		case fieldBlockSize:
+			dst = appendInt(dst, int64(e.BlockSize))
+		case fieldLoraID:
+			dst = appendOptInt(dst, e.LoraID, e.HasLoraID)
+		case fieldMedium:
+			dst = appendOptString(dst, e.Medium)
+		case fieldLoraName:
+			dst = appendOptString(dst, e.LoraName)
+		case fieldExtraKeys:
+			if e.ExtraKeys == nil {
+				dst = msgp.AppendNil(dst)
+			} else {
+				dst = append(dst, e.ExtraKeys...) // already msgpack
 			}
-		}
-	case BlockRemoved:
-		long := e.HasGroupIdx || e.SpecKind != "" || e.HasSlidingWindow
-		if long {
-			dst = msgp.AppendArrayHeader(dst, 6)
-		} else {
-			dst = msgp.AppendArrayHeader(dst, 3)
-		}
-		dst = msgp.AppendString(dst, "BlockRemoved")
-		dst = appendHashes(dst, e.BlockHashes, l)
-		dst = appendOptString(dst, e.Medium)
-		if long {
+		case fieldGroupIdx:
 			dst = appendOptInt(dst, int64(e.GroupIdx), e.HasGroupIdx)
+		case fieldSpecKind:
 			dst = appendOptString(dst, e.SpecKind)
+		case fieldSlidingWindow:
 			dst = appendOptInt(dst, int64(e.SlidingWindow), e.HasSlidingWindow)
+		default: // a field the tables do not hold: keep the slot
+			dst = msgp.AppendNil(dst)
 		}
-	default:
-		if e.Medium == "" {
-			dst = msgp.AppendArrayHeader(dst, 1)
-			return msgp.AppendString(dst, "AllBlocksCleared")
-		}
-		dst = msgp.AppendArrayHeader(dst, 2)
-		dst = msgp.AppendString(dst, "AllBlocksCleared")
-		dst = msgp.AppendString(dst, e.Medium)
 	}
 	return dst
+}
+
+// shortSlots is the length, tag included, older engines sent BlockRemoved
+// (through medium) and AllBlocksCleared (the tag alone) with.
+var shortSlots = [...]int{BlockRemoved: 3, AllBlocksCleared: 1}
+
+// arrayLen is how many of t's slots e's array holds. BlockStored takes the
+// layout's length; the other tags the short form, or the whole table as soon
+// as a field past it is set, so that no set field is ever dropped.
+func arrayLen(t EventType, slots []field, e *Event, l Layout) int {
+	if t == BlockStored {
+		n := l.StoredSlots
+		if n == 0 || n > len(slots) {
+			n = len(slots)
+		}
+		return max(n, int(minSlots[t]))
+	}
+	for _, f := range slots[shortSlots[t]:] {
+		if isSet(f, e) {
+			return len(slots)
+		}
+	}
+	return shortSlots[t]
+}
+
+// isSet reports whether e holds a value for f other than nil. A field with
+// no nil form (hashes, tokens, block size) is always set.
+func isSet(f field, e *Event) bool {
+	switch f {
+	case fieldParent:
+		return e.HasParent
+	case fieldLoraID:
+		return e.HasLoraID
+	case fieldMedium:
+		return e.Medium != ""
+	case fieldLoraName:
+		return e.LoraName != ""
+	case fieldExtraKeys:
+		return e.ExtraKeys != nil
+	case fieldGroupIdx:
+		return e.HasGroupIdx
+	case fieldSpecKind:
+		return e.SpecKind != ""
+	case fieldSlidingWindow:
+		return e.HasSlidingWindow
+	}
+	return true
 }
 
 func count(b bool) uint32 {
@@ -246,6 +278,15 @@ func appendTokens(dst []byte, tokens []uint32) []byte {
 func appendOptInt(dst []byte, v int64, ok bool) []byte {
 	if !ok {
 		return msgp.AppendNil(dst)
+	}
+	return appendInt(dst, v)
+}
+
+// appendInt writes v in the shortest form, unsigned when v >= 0, as msgspec
+// (every engine) does; msgp.AppendInt64 would write 128 as an int16.
+func appendInt(dst []byte, v int64) []byte {
+	if v >= 0 {
+		return msgp.AppendUint64(dst, uint64(v))
 	}
 	return msgp.AppendInt64(dst, v)
 }

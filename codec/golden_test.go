@@ -1,6 +1,7 @@
 package codec
 
 import (
+	"bytes"
 	"encoding/hex"
 	"os"
 	"path/filepath"
@@ -34,42 +35,82 @@ func readHex(t testing.TB, path string) []byte {
 
 var batchCmp = cmp.Options{cmpopts.IgnoreUnexported(Batch{}), cmpopts.EquateEmpty()}
 
-// The expected values are read off the annotations of each file, not the decoder.
-func TestGoldenVectors(t *testing.T) {
-	want := map[string]Batch{
-		"vllm_map.hex": {TS: 1.5, HasDPRank: true, Events: []Event{
-			{Type: BlockStored, BlockHashes: []uint64{18446744073709551615, 7}, TokenIDs: []uint32{1, 2, 3, 256}, BlockSize: 2, Medium: "GPU"},
-			{Type: BlockRemoved, BlockHashes: []uint64{7}, Medium: "CPU"},
-		}},
-		"vllm_array_v025.hex": {TS: 2, Events: []Event{
-			{Type: BlockStored, BlockHashes: []uint64{0xdeadbeef}, ParentHash: 5, HasParent: true, TokenIDs: []uint32{10, 11}, BlockSize: 2, Medium: "GPU", HasGroupIdx: true},
-			{Type: AllBlocksCleared},
-		}},
-		"sglang_signed.hex": {TS: 1, DPRank: 1, HasDPRank: true, Events: []Event{
+// goldens are the expected values of each file, read off its annotations,
+// not off the decoder. layout is the Layout whose AppendBatch output must be
+// the file byte for byte; nil where the encoder cannot write the file (why
+// says what it lacks).
+var goldens = []struct {
+	file   string
+	want   Batch
+	layout *Layout
+	why    string
+}{
+	{file: "vllm_map.hex", layout: &CurrentVLLM, want: Batch{TS: 1.5, HasDPRank: true, Events: []Event{
+		{Type: BlockStored, BlockHashes: []uint64{18446744073709551615, 7}, TokenIDs: []uint32{1, 2, 3, 256}, BlockSize: 2, Medium: "GPU"},
+		{Type: BlockRemoved, BlockHashes: []uint64{7}, Medium: "CPU"},
+	}}},
+	{file: "vllm_array_v025.hex", layout: &Layout{ArrayEvents: true, StoredSlots: 10, NoDPRank: true}, want: Batch{TS: 2, Events: []Event{
+		{Type: BlockStored, BlockHashes: []uint64{0xdeadbeef}, ParentHash: 5, HasParent: true, TokenIDs: []uint32{10, 11}, BlockSize: 2, Medium: "GPU", HasGroupIdx: true},
+		{Type: AllBlocksCleared},
+	}}},
+	{file: "vllm_array_12_slots.hex", layout: &Layout{ArrayEvents: true}, want: Batch{TS: 3.25, DPRank: 5, HasDPRank: true, Events: []Event{
+		{Type: BlockStored, BlockHashes: []uint64{0xa1a2a3a4a5a6a7a8, 0xb1}, ParentHash: 0xc1c2c3c4, HasParent: true,
+			TokenIDs: []uint32{100, 101, 300, 70000}, BlockSize: 2, LoraID: 200, HasLoraID: true, Medium: "CPU", LoraName: "sql-lora",
+			ExtraKeys: []byte{0x92, 0x91, 0x92, 0xa4, 'i', 'm', 'g', '0', 0x03, 0xc0}, GroupIdx: 3, HasGroupIdx: true,
+			SpecKind: "sliding_window", SlidingWindow: 4096, HasSlidingWindow: true},
+	}}},
+	{file: "vllm_array_removed.hex", layout: &Layout{ArrayEvents: true}, want: Batch{TS: 0.5, Events: []Event{
+		{Type: BlockRemoved, BlockHashes: []uint64{0x8000000000000001, 42}, Medium: "DISK", GroupIdx: 2, HasGroupIdx: true,
+			SpecKind: "sliding_window", SlidingWindow: 1024, HasSlidingWindow: true},
+		{Type: BlockRemoved, BlockHashes: []uint64{65536}, Medium: "GPU", HasGroupIdx: true},
+		{Type: BlockRemoved, BlockHashes: []uint64{7}},
+		{Type: AllBlocksCleared, Medium: "CPU_PINNED"},
+	}}},
+	{file: "sglang_signed.hex", why: "the cache_salt map is not kept, and -2 is an int64 where the encoder writes a fixint",
+		want: Batch{TS: 1, DPRank: 1, HasDPRank: true, Events: []Event{
 			{Type: BlockStored, BlockHashes: []uint64{0xfffffffffffffffe, 0xffffffffffffffff}, ParentHash: 0xffffffffffffff9c, HasParent: true, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 2},
-		}},
-		"vllm_bin_map_batch.hex": {TS: 0, DPRank: 3, HasDPRank: true, Skipped: 1, Events: []Event{
+		}}},
+	// The decoder keeps no cache_salt (Event has no field for it): the salt
+	// must leave every other field, and the slot after it, intact.
+	{file: "sglang_cache_salt.hex", why: "the cache_salt map is not kept, and the encoder writes BlockRemoved's medium slot",
+		want: Batch{TS: 4, DPRank: 3, HasDPRank: true, Events: []Event{
+			{Type: BlockStored, BlockHashes: []uint64{1 << 63, 1<<63 - 1}, ParentHash: 0xfffffffffffe7960, HasParent: true,
+				TokenIDs: []uint32{7, 8, 9, 10}, BlockSize: 2, Medium: "GPU", ExtraKeys: []byte{0x92, 0xc0, 0x91, 0xa6, 's', 'a', 'l', 't', '-', 'b'}},
+			{Type: BlockRemoved, BlockHashes: []uint64{0xffffffffffffffff}},
+		}}},
+	{file: "vllm_bin_map_batch.hex", why: "keys out of order, an unknown key and event, other digest filler bytes, an int ts",
+		want: Batch{TS: 0, DPRank: 3, HasDPRank: true, Skipped: 1, Events: []Event{
 			{Type: BlockStored, BlockHashes: []uint64{258}, ParentHash: 9, HasParent: true, TokenIDs: []uint32{5, 6}, BlockSize: 2, Medium: "GPU",
 				ExtraKeys: []byte{0x91, 0x92, 0xa3, 'i', 'm', 'g', 0x00}, GroupIdx: 1, HasGroupIdx: true, SpecKind: "full_attention"},
-		}},
-	}
+		}}},
+}
+
+func TestGoldenVectors(t *testing.T) {
 	files, _ := filepath.Glob("testdata/golden/*.hex")
-	if len(files) != len(want) {
-		t.Fatalf("found %d golden files, have expectations for %d", len(files), len(want))
+	if len(files) != len(goldens) {
+		t.Fatalf("found %d golden files, have expectations for %d", len(files), len(goldens))
 	}
 	d := NewDecoder()
-	for _, f := range files {
-		t.Run(filepath.Base(f), func(t *testing.T) {
-			exp, ok := want[filepath.Base(f)]
-			if !ok {
-				t.Fatalf("no expectation for %s", f)
-			}
+	for _, g := range goldens {
+		t.Run(g.file, func(t *testing.T) {
+			raw := readHex(t, filepath.Join("testdata/golden", g.file))
 			var got Batch
-			if err := d.Decode(readHex(t, f), &got); err != nil {
+			if err := d.Decode(raw, &got); err != nil {
 				t.Fatal(err)
 			}
-			if diff := cmp.Diff(exp, got, batchCmp); diff != "" {
+			if diff := cmp.Diff(g.want, got, batchCmp); diff != "" {
 				t.Errorf("decode mismatch (-want +got):\n%s", diff)
+			}
+			if g.layout == nil {
+				if g.why == "" {
+					t.Error("no layout and no reason why the encoder cannot write this file")
+				}
+				return
+			}
+			// The expected batch, not the decoded one: the encoder is checked
+			// against the hand-written bytes on its own.
+			if enc := AppendBatch(nil, &g.want, *g.layout); !bytes.Equal(enc, raw) {
+				t.Errorf("AppendBatch(%+v) differs from the file:\n got %x\nwant %x", *g.layout, enc, raw)
 			}
 		})
 	}

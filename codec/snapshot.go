@@ -8,7 +8,7 @@ import (
 	"github.com/tinylib/msgp/msgp"
 )
 
-// SGLang's snapshot-v1 protocol (SPEC section 6): the epoch suffixes of the
+// SGLang's snapshot-v1 protocol (docs/FORMAT.md §6): the epoch suffixes of the
 // live topic, the header that opens a snapshot reply and the chunks of
 // KVSnapshotBlock records that follow it.
 

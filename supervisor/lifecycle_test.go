@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/wire"
 	"go.uber.org/goleak"
 )
@@ -101,3 +102,36 @@ func TestRunOwnsEveryGoroutine(t *testing.T) {
 }
 
 var errRouterStopping = errors.New("router stopping")
+
+// The read path a router calls per request allocates nothing once dst has
+// room: no channel, no goroutine, a pooled scratch for the shards' scores.
+func TestAppendMatchesAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates; test.sh runs this without it")
+	}
+	e := newEngine(t)
+	p := startPipeline(t, Config{Shards: 2})
+	for _, name := range []string{"a", "b", "c"} {
+		if err := p.AddWorker(name, WorkerConfig{Endpoint: e.ep, ReplayEndpoint: e.replay}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	toks := prompt(7, 3)
+	var h index.Hasher
+	keys := h.Prompt(nil, toks, 16)
+	eventually(t, "every worker indexing", func() { e.parent = 0; e.store(toks, 16) }, func() bool { return len(scores(t, p, toks)) == 3 })
+	ctx := context.Background()
+	dst := make([]Match, 0, 8)
+	allocs := testing.AllocsPerRun(200, func() {
+		var err error
+		if dst, err = p.AppendMatches(ctx, dst[:0], keys); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("AppendMatches allocated %.1f times per call", allocs)
+	}
+	if len(dst) != 3 || dst[0].Blocks != 3 {
+		t.Errorf("AppendMatches = %+v, want 3 workers of 3 blocks", dst)
+	}
+}

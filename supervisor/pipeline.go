@@ -83,9 +83,8 @@ var ErrRunning = errors.New("kvpipe: pipeline already running")
 // per worker, the index shards, and their supervision. New starts nothing;
 // Run owns every goroutine until it returns.
 type Pipeline struct {
-	cfg        Config
-	latency    prometheus.Histogram
-	collectors []prometheus.Collector
+	cfg     Config
+	latency prometheus.Histogram
 
 	// mu guards the worker table and the lifecycle. Nothing holds it while
 	// waiting: workers start and stop outside it.
@@ -104,6 +103,7 @@ type Pipeline struct {
 	shards  atomic.Pointer[index.Shards]
 	names   atomic.Pointer[map[index.WorkerID]*worker]
 	list    atomic.Pointer[[]*worker]
+	scores  sync.Pool     // *[]index.Score: the read path's scratch
 	stop    chan struct{} // closed by the first Shutdown
 	stopped chan struct{} // closed once every goroutine has stopped
 	// wrap, when set (by tests), wraps every worker's handler.
@@ -164,6 +164,7 @@ func New(cfg Config) (*Pipeline, error) {
 		stop:    make(chan struct{}),
 		stopped: make(chan struct{}),
 	}
+	p.scores.New = func() any { return new([]index.Score) }
 	p.publish()
 	if cfg.Registry != nil {
 		collectors := []prometheus.Collector{metrics.NewCollector(p.Stats), p.latency}
@@ -256,36 +257,46 @@ func (p *Pipeline) FindMatches(ctx context.Context, tokens []uint32) ([]Match, e
 
 // FindMatchesKeys is FindMatches for keys already hashed with index.Hasher.
 func (p *Pipeline) FindMatchesKeys(ctx context.Context, keys []uint64) ([]Match, error) {
+	matches, err := p.AppendMatches(ctx, nil, keys)
+	if len(matches) == 0 {
+		matches = nil
+	}
+	return matches, err
+}
+
+// AppendMatches is FindMatchesKeys appending to dst: with room in dst it
+// allocates nothing. It reads the index on the calling goroutine and never
+// waits for a worker or a shard; the README says what an answer reflects.
+func (p *Pipeline) AppendMatches(ctx context.Context, dst []Match, keys []uint64) ([]Match, error) {
 	shards := p.shards.Load()
 	if shards == nil {
 		select {
 		case <-p.stopped: // shut down before Run
-			return nil, ErrClosed
+			return dst, ErrClosed
 		default: // not running yet: no worker holds anything
-			return nil, nil
+			return dst, nil
 		}
 	}
 	start := time.Now()
-	scores, err := shards.FindMatches(ctx, nil, keys)
+	scratch := p.scores.Get().(*[]index.Score)
+	defer p.scores.Put(scratch)
+	scores, err := shards.FindMatches(ctx, (*scratch)[:0], keys)
+	*scratch = scores[:0]
 	if errors.Is(err, index.ErrClosed) {
-		return nil, ErrClosed
+		return dst, ErrClosed
 	}
 	if err != nil {
-		return nil, err
+		return dst, err
 	}
 	p.latency.Observe(time.Since(start).Seconds())
-	if len(scores) == 0 {
-		return nil, nil
-	}
 	names := *p.names.Load()
-	matches := make([]Match, 0, len(scores))
 	for _, sc := range scores {
 		if w, ok := names[sc.Worker]; ok { // a worker removed meanwhile is left out
 			a := w.actor.Load()
-			matches = append(matches, Match{Worker: w.name, Blocks: sc.Blocks, Partial: a != nil && a.Partial()})
+			dst = append(dst, Match{Worker: w.name, Blocks: sc.Blocks, Partial: a != nil && a.Partial()})
 		}
 	}
-	return matches, nil
+	return dst, nil
 }
 
 // Sync waits until the shards have applied every batch the workers handed

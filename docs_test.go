@@ -1,0 +1,67 @@
+package kvpipe_test
+
+import (
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// Every reference to the format document names a section it has, and none
+// points to a specification outside the repository.
+func TestFormatReferencesResolve(t *testing.T) {
+	doc, err := os.ReadFile("docs/FORMAT.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sections := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^#+ <a id="[^"]+"></a>([0-9.]+?)\.? `).FindAllStringSubmatch(string(doc), -1) {
+		sections[strings.TrimSuffix(m[1], ".")] = true
+	}
+	if len(sections) < 10 {
+		t.Fatalf("found %d numbered sections in docs/FORMAT.md; the heading pattern has drifted", len(sections))
+	}
+	ref := regexp.MustCompile(`FORMAT\.md (?:§[0-9.]+(?:(?:-| and |, )§[0-9.]+)*)`)
+	num := regexp.MustCompile(`§([0-9]+(?:\.[0-9]+)*)`)
+	refs := 0
+	err = filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && path != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" && path != "wire/testdata") {
+			return filepath.SkipDir
+		}
+		switch filepath.Ext(path) {
+		case ".go", ".md", ".py", ".sh":
+		default:
+			return nil
+		}
+		if path == "docs_test.go" {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if strings.Contains(string(b), "SPEC section") || strings.Contains(string(b), "(SPEC ") {
+			t.Errorf("%s cites a SPEC outside the repository; point it to docs/FORMAT.md", path)
+		}
+		for _, r := range ref.FindAllString(string(b), -1) {
+			for _, n := range num.FindAllStringSubmatch(r, -1) {
+				refs++
+				if !sections[n[1]] {
+					t.Errorf("%s: %q names §%s, which docs/FORMAT.md does not have", path, r, n[1])
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if refs == 0 {
+		t.Error("no reference to docs/FORMAT.md found; the pattern has drifted")
+	}
+}
