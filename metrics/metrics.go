@@ -113,7 +113,7 @@ func NewCollector(snapshot func() Snapshot) *Collector {
 	c.partial = newDesc("partial", "1 while the worker's entries may lack blocks its engine holds (after a resync, or a late start).", prometheus.GaugeValue, "worker")
 	c.connected = newDesc("connected", "1 while the worker's SUB socket is connected.", prometheus.GaugeValue, "worker")
 	c.queue = newDesc("shard_queue_depth", "Batches waiting at a shard.", prometheus.GaugeValue, "shard")
-	c.nodes = newDesc("index_nodes", "Live nodes in a shard's tree.", prometheus.GaugeValue, "shard")
+	c.nodes = newDesc("index_nodes", "Blocks some worker of the shard holds (entries of its table).", prometheus.GaugeValue, "shard")
 	c.shardUnknown = newDesc("index_unknown_removes_total", "Removes a shard got for blocks their worker did not hold there.", prometheus.CounterValue, "shard")
 	return c
 }

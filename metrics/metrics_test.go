@@ -43,7 +43,7 @@ kvpipe_indexed_blocks{worker="w0"} 12
 # HELP kvpipe_connected 1 while the worker's SUB socket is connected.
 # TYPE kvpipe_connected gauge
 kvpipe_connected{worker="w0"} 1
-# HELP kvpipe_index_nodes Live nodes in a shard's tree.
+# HELP kvpipe_index_nodes Blocks some worker of the shard holds (entries of its table).
 # TYPE kvpipe_index_nodes gauge
 kvpipe_index_nodes{shard="0"} 40
 # HELP kvpipe_index_unknown_removes_total Removes a shard got for blocks their worker did not hold there.
