@@ -539,17 +539,16 @@ func (a *Actor) flush() {
 		b.Ops[0] = index.Op{Kind: index.OpClearWorker}
 		a.resync = false
 	}
+	select { // a shard with room takes the batch, even from a stopping worker
+	case a.cfg.Shard <- b:
+		return
+	default:
+	}
 	if a.cfg.Backpressure == Block {
 		select {
 		case a.cfg.Shard <- b:
 			return
 		case <-a.cfg.Done:
-		}
-	} else {
-		select {
-		case a.cfg.Shard <- b:
-			return
-		default:
 		}
 	}
 	a.drop(b)

@@ -76,3 +76,21 @@ func TestDropOverloadAllocatesNothing(t *testing.T) {
 		t.Errorf("dropped %d batches in the measured runs, want every one", got)
 	}
 }
+
+// A stopping worker still hands over what its shard has room for: the
+// drain at shutdown applies a worker's last batches.
+func TestStoppingWorkerStillSendsWhatFits(t *testing.T) {
+	for range 50 { // the old select picked between a ready send and Done at random
+		ch := make(chan *index.Batch, 1)
+		done := make(chan struct{})
+		close(done)
+		a := New(Config{Worker: 1, BlockSize: 16, Shard: ch, Done: done})
+		a.HandleBatch(0, codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{stored(1, 16)}}, codec.CurrentVLLM))
+		if len(ch) != 1 {
+			t.Fatal("a stopping worker dropped a batch its shard had room for")
+		}
+		if st := a.Stats(); st.IndexedBlocks != 1 || st.DroppedBatches != 0 {
+			t.Fatalf("indexed %d, dropped %d; want 1 and 0", st.IndexedBlocks, st.DroppedBatches)
+		}
+	}
+}

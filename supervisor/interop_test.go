@@ -141,11 +141,11 @@ func TestInteropSGLangSnapshotAfterALoss(t *testing.T) {
 	}
 	engine.Send("batches 50 5000 " + strings.Join(drop, ","))
 	engine.Expect("published")
-	st := workerStats(p, "w")
-	eventually(t, "the snapshot applied", nil, func() bool { return st.Wire.Snapshots == 1 })
+	eventually(t, "the snapshot applied", nil, func() bool { return workerStats(p, "w").Wire.Snapshots == 1 })
 	if got := scores(t, p, system)["w"]; got != 30 {
 		t.Errorf("after the snapshot the cached chain matches %d blocks, want 30", got)
 	}
+	st := workerStats(p, "w")
 	if st.Actor.SnapshotBlocks != 30 || st.Actor.SnapshotUnmapped != 50 || st.Wire.HistoryMissing != 1 {
 		t.Errorf("snapshot blocks %d, unmapped %d, history missing %d; want 30, 50, 1",
 			st.Actor.SnapshotBlocks, st.Actor.SnapshotUnmapped, st.Wire.HistoryMissing)
@@ -168,7 +168,7 @@ func TestInteropSGLangSnapshotAfterALoss(t *testing.T) {
 	if got := scores(t, p, system)["w"]; got != 0 {
 		t.Errorf("after a restart the old chain still matches %d blocks", got)
 	}
-	if got := st.Wire.Restarts; got != 1 {
+	if got := workerStats(p, "w").Wire.Restarts; got != 1 {
 		t.Errorf("restarts %d, want 1", got)
 	}
 	if ms, _ := p.FindMatches(context.Background(), chain(7000, 10)); len(ms) != 1 || ms[0].Partial {
@@ -191,12 +191,11 @@ func TestInteropSGLangSnapshotRefused(t *testing.T) {
 	engine.Expect("armed")
 	engine.Send("batches 20 1000 0,1,2,3,4,5,6,7,8,9")
 	engine.Expect("published")
-	st := workerStats(p, "w")
-	eventually(t, "the refusal counted", nil, func() bool { return st.Wire.SnapshotFailures == 1 })
+	eventually(t, "the refusal counted", nil, func() bool { return workerStats(p, "w").Wire.SnapshotFailures == 1 })
 	engine.Send("batches 3 8000")
 	engine.Expect("published")
 	eventually(t, "later batches indexed", nil, func() bool { return scores(t, p, chain(8000, 3))["w"] == 3 })
-	if st.Wire.Snapshots != 0 || !st.Actor.Partial {
+	if st := workerStats(p, "w"); st.Wire.Snapshots != 0 || !st.Actor.Partial {
 		t.Errorf("snapshots %d, partial %v; want 0 and true", st.Wire.Snapshots, st.Actor.Partial)
 	}
 	engine.Send("quit")

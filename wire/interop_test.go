@@ -108,7 +108,7 @@ func TestInteropLibzmqEngineToGoSubscriber(t *testing.T) {
 				t.Fatalf("resets %v after the restart, want none", resets)
 			}
 			wantHashes(t, hashes, 10)
-			if st.Restarts != 1 || st.Reconnects < 1 || st.Lost != 0 {
+			if st := s.Stats(); st.Restarts != 1 || st.Reconnects < 1 || st.Lost != 0 {
 				t.Errorf("restarts=%d reconnects=%d lost=%d; want 1, >= 1, 0", st.Restarts, st.Reconnects, st.Lost)
 			}
 			engine.Send("quit")
