@@ -506,3 +506,30 @@ func TestWideTableAgainstTree(t *testing.T) {
 		}
 	}
 }
+
+// Matches that end on either side of a lookahead group's edge score exactly.
+func TestMatchesAcrossLookaheadGroups(t *testing.T) {
+	w := newWriter(minCap)
+	keys := make([]uint64, 3*lookahead+5)
+	for i := range keys {
+		keys[i] = uint64(i)*0x9e3779b97f4a7c15 + 1
+	}
+	holds := map[WorkerID]int{0: 1, 1: lookahead, 2: lookahead + 1, 3: 2*lookahead + 1, 4: len(keys), 5: lookahead - 1}
+	for id, n := range holds {
+		for _, k := range keys[:n] {
+			w.Store(id, k)
+		}
+	}
+	got := map[WorkerID]int{}
+	for _, sc := range w.FindMatches(nil, keys) {
+		got[sc.Worker] = sc.Blocks
+	}
+	if len(got) != len(holds) {
+		t.Errorf("scores %v, want %v", got, holds)
+	}
+	for id, n := range holds {
+		if got[id] != n {
+			t.Errorf("worker %d scores %d, want %d", id, got[id], n)
+		}
+	}
+}
