@@ -475,8 +475,9 @@ func (a *Actor) mediumOK(medium string) (Reason, bool) {
 	return LowerTier, false
 }
 
-// maxOps caps the ops of one index batch: a shard answers FindMatches
-// between batches, so a huge event (a whole long prompt) must not hold it up.
+// maxOps caps the ops of one index batch: readers may see a batch in part,
+// and Sync waits for whole batches, so a huge event (a whole long prompt) is
+// split rather than applied as one.
 const maxOps = 256
 
 func (a *Actor) emit(kind index.OpKind, h uint64) {
@@ -497,10 +498,11 @@ func (a *Actor) emit(kind index.OpKind, h uint64) {
 	a.out.Ops = append(a.out.Ops, index.Op{Kind: kind, Hash: h})
 }
 
-// take returns a batch to fill: a free one, a new one while fewer than
-// the bound exist, or else (Block) the next one the shard hands back. In
-// Drop mode, or once Done, it is the spare, which flush drops: overload
-// allocates nothing.
+// take returns a batch to fill: a free one, or a new one while fewer than
+// the bound exist. With the shard's queue full and one batch being applied,
+// one more is always free, so the rest is a fallback should a batch ever go
+// missing (a panic mid-flush): Block waits for the shard (or Done), Drop
+// takes the spare, which flush drops without allocating.
 func (a *Actor) take() *index.Batch {
 	select {
 	case b := <-a.free:

@@ -54,7 +54,7 @@ func TestBlockStopsAtTheShardQueue(t *testing.T) {
 }
 
 // With Drop, an overloaded shard costs no allocation per flush: the batch
-// that cannot be sent is the actor's spare, reused.
+// that cannot be sent goes back to the actor's pool.
 func TestDropOverloadAllocatesNothing(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates; test.sh runs this without it")

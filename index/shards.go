@@ -26,8 +26,8 @@ type Op struct {
 }
 
 // Batch carries one worker's ops to its shard, in order. The shard hands
-// it back on Return once applied, so a worker cycles a few batches and the
-// steady state allocates nothing.
+// it back on Return once applied, so a worker cycles at most its shard
+// queue's capacity and two more, and the steady state allocates nothing.
 type Batch struct {
 	Worker WorkerID
 	Ops    []Op

@@ -1,4 +1,4 @@
-// Package supervisor is what a router embeds: Pipeline starts a subscriber and
-// actor per worker as workers come and go, restarts a failed one with backoff
-// (resynced), answers FindMatches, and drains everything cleanly on shutdown.
+// Package supervisor holds Pipeline, which the root kvpipe package hands a
+// router: it runs a subscriber and actor per worker as workers come and go,
+// restarts a failed one with backoff (resynced), and drains on shutdown.
 package supervisor
