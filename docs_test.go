@@ -65,3 +65,50 @@ func TestFormatReferencesResolve(t *testing.T) {
 		t.Error("no reference to docs/FORMAT.md found; the pattern has drifted")
 	}
 }
+
+// The README's embedding snippet is the Example's code: every line of it,
+// in order, is a line of example_test.go, so it compiles and runs.
+func TestReadmeEmbeddingIsTheExample(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	example, err := os.ReadFile("example_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	section := string(readme)
+	start := strings.Index(section, "## Embedding kvpipe in a router")
+	if start < 0 {
+		t.Fatal("README has no embedding section")
+	}
+	section = section[start:]
+	open := strings.Index(section, "```go\n")
+	if open < 0 {
+		t.Fatal("the embedding section has no Go snippet")
+	}
+	snippet := section[open+len("```go\n"):]
+	snippet = snippet[:strings.Index(snippet, "```")]
+	lines := func(s string) []string {
+		var out []string
+		for _, l := range strings.Split(s, "\n") {
+			if l = strings.TrimSpace(l); l != "" {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	want, have := lines(snippet), lines(string(example))
+	if len(want) < 10 {
+		t.Fatalf("the snippet has %d lines; the section's layout has drifted", len(want))
+	}
+	i := 0
+	for _, l := range have {
+		if i < len(want) && l == want[i] {
+			i++
+		}
+	}
+	if i < len(want) {
+		t.Errorf("README line %q (and any after it) is not in example_test.go in that order", want[i])
+	}
+}

@@ -15,43 +15,54 @@ import (
 func Example() {
 	engine := startEngine() // a simulated vLLM engine: its events PUB and replay ROUTER
 	defer engine.stop()
+	if err := route(context.Background(), prometheus.NewRegistry(), engine); err != nil {
+		log.Fatal(err)
+	}
+	// Output: engine-0 holds 2 leading blocks
+}
 
-	p, err := kvpipe.New(kvpipe.Config{BlockSize: 16, Registry: prometheus.NewRegistry()})
+// route holds the README's embedding example line for line
+// (TestReadmeEmbeddingIsTheExample), and what the simulated engine needs
+// around it.
+func route(ctx context.Context, registry *prometheus.Registry, engine *engine) error {
+	pub, replay := engine.pub, engine.replay
+	p, err := kvpipe.New(kvpipe.Config{BlockSize: 16, Registry: registry})
 	if err != nil {
-		log.Fatal(err)
+		return err
 	}
-	// One worker per engine: its KV-events PUB and its replay ROUTER ("" if none).
-	err = p.AddWorker("engine-0", kvpipe.WorkerConfig{Endpoint: engine.pub, ReplayEndpoint: engine.replay})
+	// One worker per engine: its KV-events PUB (e.g. "tcp://10.0.0.5:5557") and its replay ROUTER ("" if none).
+	err = p.AddWorker("engine-0", kvpipe.WorkerConfig{Endpoint: pub, ReplayEndpoint: replay})
 	if err != nil {
-		log.Fatal(err)
+		return err
 	}
-	ctx := context.Background()
 	stopped := make(chan error, 1)
 	go func() { stopped <- p.Run(ctx) }() // owns every goroutine until it returns
-	defer func() {
-		shutdownCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		p.Shutdown(shutdownCtx) // drain, then stop: Run returns nil
-		if err := <-stopped; err != nil {
-			log.Print(err)
-		}
-	}()
 
-	prompt := make([]uint32, 3*16) // a request of three blocks of tokens
-	for i := range prompt {
-		prompt[i] = uint32(i)
+	promptTokens := make([]uint32, 3*16) // a request of three blocks of tokens
+	for i := range promptTokens {
+		promptTokens[i] = uint32(i)
 	}
 	for range 500 {
-		engine.caches(prompt[:2*16]) // the engine caches the first two blocks (and says so until we see it)
-		matches, err := p.FindMatches(ctx, prompt)
+		engine.caches(promptTokens[:2*16]) // the engine caches the first two blocks (and says so until we see it)
+		// Per request: which workers hold how many leading blocks of its prompt.
+		matches, err := p.FindMatches(ctx, promptTokens)
 		if err != nil {
-			log.Fatal(err)
+			return err
+		}
+		for _, m := range matches {
+			fmt.Printf("%s holds %d leading blocks\n", m.Worker, m.Blocks)
 		}
 		if len(matches) > 0 {
-			fmt.Printf("%s holds %d leading blocks\n", matches[0].Worker, matches[0].Blocks)
-			return
+			break
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	// Output: engine-0 holds 2 leading blocks
+
+	// On the way out: drain, then stop, within a deadline; Run then returns nil.
+	shutdownCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := p.Shutdown(shutdownCtx); err != nil {
+		return err
+	}
+	return <-stopped
 }

@@ -42,6 +42,8 @@ var (
 	ErrClosed = supervisor.ErrClosed
 	// ErrRunning is returned by a second call of Run.
 	ErrRunning = supervisor.ErrRunning
+	// ErrNoWorker is returned by RemoveWorker for a name it does not know.
+	ErrNoWorker = supervisor.ErrNoWorker
 )
 
 // New validates cfg and returns a Pipeline that starts nothing until Run.

@@ -46,9 +46,10 @@ type Config struct {
 	Worker    index.WorkerID
 	Name      string // for logs
 	BlockSize int    // the router's block size, e.g. 16
-	// Shard is the worker's shard queue. Its capacity is the bound on the
-	// actor's batches in flight: the actor makes batches as needed, up to
-	// that many and two more (one being applied, one being filled).
+	// Shard is the worker's shard queue (shared with the shard's other
+	// workers). Its capacity bounds the actor's batches in flight: the actor
+	// makes batches as needed, up to that many and two more (one being
+	// applied, one being filled), and reuses them once applied.
 	Shard        chan<- *index.Batch
 	Backpressure Backpressure
 	// Done, when closed, abandons a send the shard is not taking: the worker
@@ -155,8 +156,6 @@ type Actor struct {
 	batch   codec.Batch
 	hasher  index.Hasher
 	free    chan *index.Batch // batches the shard handed back
-	made    int               // batches made so far, at most cap(free)
-	spare   *index.Batch      // filled when no batch is free in Drop mode, never sent
 	out     *index.Batch      // being filled; nil until the first op
 	resync  bool              // a dropped batch left the index behind: clear first
 	fresh   bool              // no batch since the start or the last reset
@@ -188,8 +187,7 @@ func New(cfg Config) *Actor {
 	if cfg.Done == nil {
 		cfg.Done = make(chan struct{}) // never closed
 	}
-	a := &Actor{cfg: cfg, decoder: codec.NewDecoder(), free: make(chan *index.Batch, cap(cfg.Shard)+2),
-		spare: &index.Batch{Worker: cfg.Worker}, warn: pace.Limiter{Every: time.Second},
+	a := &Actor{cfg: cfg, decoder: codec.NewDecoder(), free: make(chan *index.Batch, cap(cfg.Shard)+2), warn: pace.Limiter{Every: time.Second},
 		routerOf: make(map[uint64]block), mainGroup: make(map[int]bool)}
 	a.fresh = true
 	a.stats.Partial.Store(true)
@@ -475,9 +473,9 @@ func (a *Actor) mediumOK(medium string) (Reason, bool) {
 	return LowerTier, false
 }
 
-// maxOps caps the ops of one index batch: readers may see a batch in part,
-// and Sync waits for whole batches, so a huge event (a whole long prompt) is
-// split rather than applied as one.
+// maxOps caps the ops of one index batch, so that a batch's memory is
+// bounded (the bound Config.ShardQueue documents) and a huge event (a whole
+// long prompt) is applied in parts rather than holding its shard at once.
 const maxOps = 256
 
 func (a *Actor) emit(kind index.OpKind, h uint64) {
@@ -498,29 +496,18 @@ func (a *Actor) emit(kind index.OpKind, h uint64) {
 	a.out.Ops = append(a.out.Ops, index.Op{Kind: kind, Hash: h})
 }
 
-// take returns a batch to fill: a free one, or a new one while fewer than
-// the bound exist. With the shard's queue full and one batch being applied,
-// one more is always free, so the rest is a fallback should a batch ever go
-// missing (a panic mid-flush): Block waits for the shard (or Done), Drop
-// takes the spare, which flush drops without allocating.
+// take returns a batch to fill: a free one, or else a new one. At most
+// cap(free) ever exist: when take runs, none is being filled, at most
+// cap(Shard) are queued and one is being applied, and every other one is
+// in free (flush and drop put back what they do not send, and the shard
+// returns what it applied), so a new one is made only while fewer exist,
+// and the shard's hand-back into free never blocks.
 func (a *Actor) take() *index.Batch {
 	select {
 	case b := <-a.free:
 		return b
 	default:
-	}
-	if a.made < cap(a.free) {
-		a.made++
 		return &index.Batch{Worker: a.cfg.Worker, Return: a.free}
-	}
-	if a.cfg.Backpressure == Drop {
-		return a.spare
-	}
-	select {
-	case b := <-a.free:
-		return b
-	case <-a.cfg.Done:
-		return a.spare
 	}
 }
 
@@ -530,10 +517,6 @@ func (a *Actor) flush() {
 		return
 	}
 	a.out = nil
-	if b == a.spare {
-		a.drop(b)
-		return
-	}
 	if a.resync {
 		// Entries were lost with a dropped batch: start the worker afresh.
 		b.Ops = append(b.Ops, index.Op{})
@@ -570,9 +553,7 @@ func (a *Actor) drop(b *index.Batch) {
 	a.stats.IndexedBlocks.Store(0)
 	a.stats.Partial.Store(true)
 	b.Ops = b.Ops[:0]
-	if b != a.spare {
-		a.free <- b
-	}
+	a.free <- b
 }
 
 func (a *Actor) warnf(msg string, args ...any) {

@@ -28,19 +28,22 @@ func TestBlockStopsAtTheShardQueue(t *testing.T) {
 			handled <- i
 		}
 	}()
-	for deadline := time.Now().Add(10 * time.Second); len(ch) < depth; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("queue depth %d, want it to fill to %d", len(ch), depth)
+	poll := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s: queue %d, handled %d, entered %d", what, len(ch), len(handled), a.Stats().Batches)
+			}
 		}
 	}
-	// The actor is now blocked on the ninth batch: it cannot hand over more.
-	select {
-	case <-finished:
-		t.Fatal("the actor finished although the shard took only its queue's worth")
-	case <-time.After(50 * time.Millisecond):
-	}
-	if got := len(handled); got != depth {
-		t.Errorf("%d batches handled against a stalled shard, want %d (its queue)", got, depth)
+	poll("the queue to fill", func() bool { return len(ch) == depth && len(handled) == depth })
+	// The shard applies one batch: exactly one more gets in, and the actor
+	// waits with the one after it.
+	<-ch
+	poll("one more batch in", func() bool { return len(ch) == depth && len(handled) == depth+1 })
+	poll("the next batch to wait", func() bool { return a.Stats().Batches == depth+2 })
+	if got := len(handled); got != depth+1 {
+		t.Errorf("%d batches handed over against a stalled shard, want %d (its queue and the one it took)", got, depth+1)
 	}
 	close(done)
 	select {
@@ -64,7 +67,7 @@ func TestDropOverloadAllocatesNothing(t *testing.T) {
 	// Each batch stores and removes one block, so each has ops to flush.
 	remove := codec.Event{Type: codec.BlockRemoved, BlockHashes: []uint64{1}}
 	payload := codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{stored(1, 16), remove}}, codec.CurrentVLLM)
-	for i := range 16 { // fill the queue and use up every batch the actor may make
+	for i := range 16 { // fill the queue and make every batch the actor may have
 		a.HandleBatch(uint64(i), payload)
 	}
 	before := a.Stats().DroppedBatches

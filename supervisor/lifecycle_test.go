@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/wire"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 )
 
@@ -133,5 +134,111 @@ func TestAppendMatchesAllocatesNothing(t *testing.T) {
 	}
 	if len(dst) != 3 || dst[0].Blocks != 3 {
 		t.Errorf("AppendMatches = %+v, want 3 workers of 3 blocks", dst)
+	}
+}
+
+// A stopped pipeline takes its collectors off the registry, so that the
+// router can build the next one on it; a live one keeps them.
+func TestStoppedPipelineReleasesItsMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	for i, run := range []bool{false, true, false} {
+		p, err := New(Config{BlockSize: 16, Registry: reg})
+		if err != nil {
+			t.Fatalf("pipeline %d on the registry: %v", i, err)
+		}
+		if _, err := New(Config{BlockSize: 16, Registry: reg}); err == nil {
+			t.Fatalf("a second pipeline registered beside live pipeline %d", i)
+		}
+		done := make(chan error, 1)
+		if run {
+			go func() { done <- p.Run(context.Background()) }()
+			eventually(t, "Run started", nil, func() bool { return p.shards.Load() != nil })
+		}
+		if err := p.Shutdown(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if run {
+			if err := <-done; err != nil {
+				t.Fatalf("Run = %v", err)
+			}
+		}
+	}
+}
+
+func TestRemoveWorkerErrors(t *testing.T) {
+	p, err := New(Config{BlockSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.AddWorker("w", WorkerConfig{Endpoint: "tcp://127.0.0.1:1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.RemoveWorker(context.Background(), "nobody"); !errors.Is(err, ErrNoWorker) {
+		t.Errorf("RemoveWorker of an unknown name = %v, want ErrNoWorker", err)
+	}
+	if err := p.RemoveWorker(context.Background(), "w"); err != nil {
+		t.Errorf("RemoveWorker before Run = %v, want nil", err)
+	}
+	if err := p.AddWorker("w", WorkerConfig{Endpoint: "tcp://127.0.0.1:1"}); err != nil {
+		t.Errorf("AddWorker of a removed name = %v", err)
+	}
+	p.Shutdown(context.Background())
+	if err := p.RemoveWorker(context.Background(), "w"); !errors.Is(err, ErrClosed) {
+		t.Errorf("RemoveWorker after Shutdown = %v, want ErrClosed", err)
+	}
+	if err := p.AddWorker("", WorkerConfig{}); !errors.Is(err, ErrClosed) {
+		t.Errorf("AddWorker after Shutdown = %v, want ErrClosed before any validation", err)
+	}
+}
+
+// held blocks the first batch in the handler until release is closed.
+type held struct {
+	wire.Handler
+	entered chan struct{} // capacity 1
+	release chan struct{}
+}
+
+func (h held) HandleBatch(seq uint64, payload []byte) {
+	select {
+	case h.entered <- struct{}{}:
+		<-h.release
+	default:
+	}
+	h.Handler.HandleBatch(seq, payload)
+}
+
+// A removal still under way when the pipeline shuts down hands its last op
+// to the shard before the shards close: Run waits for it, so the send does
+// not meet a closed queue.
+func TestShutdownWaitsForARemovalUnderWay(t *testing.T) {
+	e := newEngine(t)
+	p, err := New(Config{BlockSize: 16, Subscriber: wire.Options{ReconnectMin: 10 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := held{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	p.wrap = func(inner wire.Handler) wire.Handler { h.Handler = inner; return h }
+	if err := p.AddWorker("w", WorkerConfig{Endpoint: e.ep, ReplayEndpoint: e.replay}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.Run(context.Background()) }()
+	eventually(t, "a batch held in the handler", func() { e.parent = 0; e.store(prompt(1, 1), 16) },
+		func() bool { return len(h.entered) == 1 })
+	expired, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := p.RemoveWorker(expired, "w"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("RemoveWorker with its goroutine held = %v, want context.Canceled", err)
+	}
+	p.Shutdown(expired) // starts the stop and returns
+	eventually(t, "Run draining", nil, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.phase == draining })
+	close(h.release) // the worker stops, then its removal sends to the shard
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run = %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return")
 	}
 }

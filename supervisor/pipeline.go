@@ -22,9 +22,13 @@ import (
 
 // Config configures a Pipeline.
 type Config struct {
-	BlockSize    int          // the router's block size (required), e.g. 16
-	Shards       int          // index shards (default 2)
-	ShardQueue   int          // batches each shard queue holds, and so each worker's bound in flight (default 256)
+	BlockSize int // the router's block size (required), e.g. 16
+	Shards    int // index shards (default 2)
+	// ShardQueue is how many batches each shard's queue holds, shared by the
+	// shard's workers (default 256). A worker has at most ShardQueue+2
+	// batches of at most 256 ops in flight (queued, being applied, being
+	// filled), so a stalled shard holds at most 4 KiB per batch per worker.
+	ShardQueue   int
 	Backpressure Backpressure // when a shard is behind: Block (default) or Drop
 	// Subscriber tunes every worker's subscriber (timeouts, backoff, replay
 	// buffer, limits); the zero value holds the defaults.
@@ -37,7 +41,8 @@ type Config struct {
 	Registry prometheus.Registerer
 	// Observe, when set, sees every batch in the worker's goroutine before its
 	// actor does (for tools such as kvpipe listen); payload is only valid
-	// during the call.
+	// during the call. It must not block, nor call Shutdown or RemoveWorker:
+	// both wait for the goroutine it runs on.
 	Observe func(worker string, seq uint64, payload []byte)
 }
 
@@ -79,12 +84,16 @@ var ErrClosed = errors.New("kvpipe: pipeline closed")
 // ErrRunning is returned by a second call of Run.
 var ErrRunning = errors.New("kvpipe: pipeline already running")
 
+// ErrNoWorker is returned by RemoveWorker for a name it does not know.
+var ErrNoWorker = errors.New("kvpipe: no such worker")
+
 // Pipeline is the one type a router embeds: it runs one subscriber and actor
 // per worker, the index shards, and their supervision. New starts nothing;
 // Run owns every goroutine until it returns.
 type Pipeline struct {
-	cfg     Config
-	latency prometheus.Histogram
+	cfg        Config
+	latency    prometheus.Histogram
+	collectors []prometheus.Collector // registered by New, unregistered once stopped
 
 	// mu guards the worker table and the lifecycle. Nothing holds it while
 	// waiting: workers start and stop outside it.
@@ -167,39 +176,53 @@ func New(cfg Config) (*Pipeline, error) {
 	p.scores.New = func() any { return new([]index.Score) }
 	p.publish()
 	if cfg.Registry != nil {
-		collectors := []prometheus.Collector{metrics.NewCollector(p.Stats), p.latency}
-		for i, c := range collectors {
+		for _, c := range []prometheus.Collector{metrics.NewCollector(p.Stats), p.latency} {
 			if err := cfg.Registry.Register(c); err != nil {
-				for _, done := range collectors[:i] {
-					cfg.Registry.Unregister(done)
-				}
+				p.unregister()
 				return nil, fmt.Errorf("kvpipe: registering metrics: %w", err)
 			}
+			p.collectors = append(p.collectors, c)
 		}
 	}
 	return p, nil
 }
 
+// unregister takes the collectors off the registry, so that a Pipeline
+// built after this one stopped can register its own.
+func (p *Pipeline) unregister() {
+	for _, c := range p.collectors {
+		p.cfg.Registry.Unregister(c)
+	}
+	p.collectors = nil
+}
+
+// closeDown marks the pipeline stopped; p.mu is held.
+func (p *Pipeline) closeDown() {
+	p.phase = closed
+	p.unregister()
+	close(p.stopped)
+}
+
 // AddWorker subscribes to one engine. It may be called before Run (the
 // worker starts with it) or while Run runs.
 func (p *Pipeline) AddWorker(name string, wc WorkerConfig) error {
-	if name == "" {
-		return errors.New("kvpipe: worker name must not be empty")
-	}
-	sub, err := wire.NewSubscriber(wire.Config{
-		Endpoint: wc.Endpoint, ReplayEndpoint: wc.ReplayEndpoint, SnapshotEndpoint: wc.SnapshotEndpoint, Topic: wc.Topic,
-		Logger: p.cfg.Logger.With("worker", name), Options: p.cfg.Subscriber,
-	})
-	if err != nil {
-		return fmt.Errorf("kvpipe: worker %q: %w", name, err)
-	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.phase >= draining {
 		return ErrClosed
 	}
+	if name == "" {
+		return errors.New("kvpipe: worker name must not be empty")
+	}
 	if _, dup := p.workers[name]; dup {
 		return fmt.Errorf("kvpipe: worker %q already added", name)
+	}
+	sub, err := wire.NewSubscriber(wire.Config{ // validates and allocates: nothing to wait for
+		Endpoint: wc.Endpoint, ReplayEndpoint: wc.ReplayEndpoint, SnapshotEndpoint: wc.SnapshotEndpoint, Topic: wc.Topic,
+		Logger: p.cfg.Logger.With("worker", name), Options: p.cfg.Subscriber,
+	})
+	if err != nil {
+		return fmt.Errorf("kvpipe: worker %q: %w", name, err)
 	}
 	w := &worker{name: name, id: p.nextID, sub: sub}
 	p.nextID++
@@ -214,20 +237,23 @@ func (p *Pipeline) AddWorker(name string, wc WorkerConfig) error {
 // RemoveWorker stops a worker and frees its index entries. The worker leaves
 // FindMatches answers at once; RemoveWorker returns once its goroutine has
 // stopped and its entries are freed, or with ctx's error when ctx ends first
-// (the removal then completes in the background).
+// (the removal then completes in the background). It returns ErrNoWorker
+// for an unknown name and ErrClosed once the pipeline is stopping, when
+// every worker goes with it.
 func (p *Pipeline) RemoveWorker(ctx context.Context, name string) error {
 	p.mu.Lock()
+	if p.phase >= draining {
+		p.mu.Unlock()
+		return ErrClosed
+	}
 	w, ok := p.workers[name]
 	if !ok {
 		p.mu.Unlock()
-		return fmt.Errorf("kvpipe: no worker %q", name)
+		return fmt.Errorf("%w: %q", ErrNoWorker, name)
 	}
 	delete(p.workers, name)
 	p.publish()
-	if w.done == nil || p.phase != running { // never started, or going with the pipeline
-		if w.cancel != nil {
-			w.cancel()
-		}
+	if w.done == nil { // never started
 		p.mu.Unlock()
 		return nil
 	}
@@ -348,6 +374,11 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	select {
 	case <-ctx.Done():
 		err = context.Cause(ctx)
+		select {
+		case <-p.stop: // both were ready when Run looked: Shutdown was asked, a clean stop
+			err = nil
+		default:
+		}
 	case <-p.stop:
 	}
 	// Workers first (they feed the shards), then the shards, which apply
@@ -361,9 +392,8 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	p.syncing.Wait()
 	shards.Close()
 	p.mu.Lock()
-	p.phase = closed
+	p.closeDown()
 	p.mu.Unlock()
-	close(p.stopped)
 	return err
 }
 
@@ -379,8 +409,7 @@ func (p *Pipeline) Shutdown(ctx context.Context) error {
 	default:
 		close(p.stop)
 		if p.phase == idle { // no Run to do it
-			p.phase = closed
-			close(p.stopped)
+			p.closeDown()
 		}
 	}
 	p.mu.Unlock()
