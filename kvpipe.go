@@ -27,9 +27,25 @@ type (
 	Backpressure = supervisor.Backpressure
 	// SubscriberOptions tune every worker's subscriber (Config.Subscriber).
 	SubscriberOptions = wire.Options
+	// Request is a request's tokens, adapter, salt and multimodal inputs,
+	// for FindMatchesRequest.
+	Request = supervisor.Request
+	// MultiModal is one multimodal input of a Request.
+	MultiModal = index.MultiModal
+	// Weights are per-tier weights (Config.TierWeights).
+	Weights = index.Weights
+	// Tier is a storage tier: device, host, disk or remote.
+	Tier = index.Tier
 	// Hasher turns a prompt's tokens into router block keys, for
 	// FindMatchesKeys and AppendMatches; its zero value is ready.
 	Hasher = index.Hasher
+)
+
+const (
+	TierDevice = index.TierDevice // accelerator memory
+	TierHost   = index.TierHost   // host memory (CPU offload)
+	TierDisk   = index.TierDisk   // local disk
+	TierRemote = index.TierRemote // a shared or remote pool
 )
 
 const (

@@ -16,16 +16,17 @@ import (
 type Reason uint8
 
 const (
-	PartialBlock     Reason = iota // a block smaller than the router's, after this worker sent full ones
-	NonMainAttention               // a sliding-window, Mamba, ... group
-	UnlearnedGroup                 // a nonzero group_idx whose kind was never published
-	LowerTier                      // host, disk or remote tier
-	UnknownMedium                  // a medium this version does not know
-	UnknownEvent                   // a tag this version does not know
+	PartialBlock      Reason = iota // a block smaller than the router's, after this worker sent full ones
+	NonMainAttention                // a sliding-window, Mamba, ... group
+	UnlearnedGroup                  // a nonzero group_idx whose kind was never published
+	LowerTier                       // a tier the router does not index (weighted 0)
+	UnknownMedium                   // a medium this version does not know
+	UnknownEvent                    // a tag this version does not know
+	BlockSizeMismatch               // a block size the router cannot split into its own
 	NumReasons
 )
 
-var reasonNames = [NumReasons]string{"partial_block", "non_main_attention", "unlearned_group", "lower_tier", "unknown_medium", "unknown_event"}
+var reasonNames = [NumReasons]string{"partial_block", "non_main_attention", "unlearned_group", "lower_tier", "unknown_medium", "unknown_event", "block_size"}
 
 func (r Reason) String() string { return reasonNames[r] }
 
@@ -52,6 +53,10 @@ type Config struct {
 	// applied, one being filled), and reuses them once applied.
 	Shard        chan<- *index.Batch
 	Backpressure Backpressure
+	// Weights are the router's tier weights (index.Score.Weighted); a tier
+	// weighted 0 is not indexed, its events filtered as LowerTier. The zero
+	// value means index.DefaultWeights.
+	Weights index.Weights
 	// Done, when closed, abandons a send the shard is not taking: the worker
 	// is stopping, and its entries go with it.
 	Done   <-chan struct{}
@@ -67,7 +72,8 @@ type Stats struct {
 	TokenMismatch, UnknownParent uint64
 	UnknownRemove, SizeWarnings  uint64
 	Resyncs, DroppedBatches      uint64
-	IndexedBlocks                int64 // blocks this worker holds in the index
+	IndexedBlocks                int64                 // router blocks this worker holds on device in the index
+	TierBlocks                   [index.NumTiers]int64 // router blocks held per tier; [TierDevice] is IndexedBlocks
 	// Partial: the index may lack blocks the engine holds, because the
 	// stream since the start or the last reset did not begin from an empty
 	// cache (seq 0 of an incarnation, or an AllBlocksCleared). Add ORs it.
@@ -97,6 +103,9 @@ func (s *Stats) Add(o Stats) {
 	s.Resyncs += o.Resyncs
 	s.DroppedBatches += o.DroppedBatches
 	s.IndexedBlocks += o.IndexedBlocks
+	for i := range s.TierBlocks {
+		s.TierBlocks[i] += o.TierBlocks[i]
+	}
 	s.Partial = s.Partial || o.Partial
 	s.SnapshotBlocks += o.SnapshotBlocks
 	s.SnapshotUnmapped += o.SnapshotUnmapped
@@ -113,6 +122,7 @@ type counters struct {
 	UnknownRemove, SizeWarnings      atomic.Uint64
 	Resyncs, DroppedBatches          atomic.Uint64
 	IndexedBlocks                    atomic.Int64
+	TierBlocks                       [index.NumTiers]atomic.Int64
 	Partial                          atomic.Bool
 	SnapshotBlocks, SnapshotUnmapped atomic.Uint64
 }
@@ -131,16 +141,33 @@ func (c *counters) load() Stats {
 	for i := range c.Filtered {
 		st.Filtered[i] = c.Filtered[i].Load()
 	}
+	for i := range c.TierBlocks {
+		st.TierBlocks[i] = c.TierBlocks[i].Load()
+	}
 	return st
 }
 
 // block is what the actor knows of one engine block.
 type block struct {
-	key       uint64 // the router's hash
-	parent    uint64 // the engine's hash of its parent
+	key    uint64 // the router's key (of its last router block, when split)
+	parent uint64 // the engine's hash of its parent
+	gen    uint32 // the generation tiers was set in
+	// split >= 0: the slot of its first router keys in splitKeys, for an
+	// engine block of several router blocks.
+	split     int32
 	hasParent bool
-	gen       uint32 // the generation it was last indexed in
+	tiers     uint8 // the tiers the index holds it in, as of gen
 }
+
+// held returns the tiers the index holds b in now.
+func (b block) held(gen uint32) uint8 {
+	if b.gen != gen {
+		return 0
+	}
+	return b.tiers
+}
+
+func bit(t index.Tier) uint8 { return 1 << t }
 
 // maxKept bounds the blocks a resync keeps mapped: a mapping this large
 // after losses holds many blocks the engine evicted unseen, so it is dropped.
@@ -173,6 +200,18 @@ type Actor struct {
 	fullSeen bool
 	// mainGroup: what each group_idx was learned to be.
 	mainGroup map[int]bool
+	// usedTiers: the tiers this worker stored blocks in since its entries
+	// were last cleared whole.
+	usedTiers uint8
+	// sizeWarned: a block size the router cannot split was warned about.
+	sizeWarned bool
+	// An engine block of splitK router blocks (splitK > 1) keeps its last
+	// router key; its first splitK-1 live in a slot of splitKeys, reused
+	// through freeSlots.
+	splitK    int
+	splitKeys []uint64
+	freeSlots []int32
+	keys      []uint64 // scratch: one engine block's router keys
 	warn      pace.Limiter
 
 	snapBlocks []codec.SnapshotBlock // reused across chunks
@@ -186,6 +225,9 @@ func New(cfg Config) *Actor {
 	}
 	if cfg.Done == nil {
 		cfg.Done = make(chan struct{}) // never closed
+	}
+	if cfg.Weights == (index.Weights{}) {
+		cfg.Weights = index.DefaultWeights
 	}
 	a := &Actor{cfg: cfg, decoder: codec.NewDecoder(), free: make(chan *index.Batch, cap(cfg.Shard)+2), warn: pace.Limiter{Every: time.Second},
 		routerOf: make(map[uint64]block), mainGroup: make(map[int]bool)}
@@ -284,11 +326,7 @@ func (a *Actor) HandleSnapshot(chunk []byte) {
 				a.snapWhole = false
 				continue
 			}
-			if b.gen != a.gen {
-				b.gen = a.gen
-				a.routerOf[ext] = b
-				a.emit(index.OpStore, b.key)
-				a.stats.BlocksStored.Add(1)
+			if a.hold(ext, b, index.TierDevice) {
 				a.stats.SnapshotBlocks.Add(1)
 			}
 		}
@@ -318,16 +356,21 @@ func (a *Actor) apply(e *codec.Event) {
 			a.stats.Filtered[r].Add(1)
 			return
 		}
+		t := tierOf(e.Medium)
 		for _, ext := range e.BlockHashes {
 			b, ok := a.routerOf[ext]
 			if !ok {
 				a.stats.UnknownRemove.Add(1)
 				continue
 			}
-			delete(a.routerOf, ext)
-			if b.gen == a.gen {
-				a.emit(index.OpRemove, b.key)
-				a.stats.BlocksRemoved.Add(1)
+			held := b.held(a.gen)
+			if held&bit(t) != 0 {
+				a.emitKeys(index.OpRemove, t, b)
+			}
+			if b.gen, b.tiers = a.gen, held&^bit(t); b.tiers == 0 {
+				a.forget(ext, b)
+			} else {
+				a.routerOf[ext] = b // still held in another tier
 			}
 		}
 	case codec.AllBlocksCleared:
@@ -336,8 +379,15 @@ func (a *Actor) apply(e *codec.Event) {
 			a.stats.Filtered[r].Add(1)
 			return
 		}
-		a.clear()
-		a.stats.Partial.Store(false) // the engine's cache is empty: nothing is missing now
+		// No medium: the engine's whole cache. A device clear of a worker
+		// that never told of other tiers: the same. Either way the cache is
+		// empty, so nothing is missing now.
+		if t := tierOf(e.Medium); e.Medium == "" || t == index.TierDevice && a.usedTiers&^bit(t) == 0 {
+			a.clear()
+			a.stats.Partial.Store(false)
+		} else {
+			a.clearTier(t) // the worker's other tiers keep their blocks
+		}
 	}
 }
 
@@ -345,7 +395,36 @@ func (a *Actor) apply(e *codec.Event) {
 // engine that comes back with another block size must warn again.
 func (a *Actor) clear() {
 	clear(a.routerOf)
+	a.splitK, a.splitKeys, a.freeSlots = 0, a.splitKeys[:0], a.freeSlots[:0]
+	a.sizeWarned = false
 	a.unindex()
+}
+
+// clearTier empties one tier of the worker, in the index and in the
+// mapping, and keeps what its other tiers hold. It walks the mapping, but
+// only for an engine that clears one tier of several.
+func (a *Actor) clearTier(t index.Tier) {
+	for ext, b := range a.routerOf {
+		held := b.held(a.gen)
+		if b.gen, b.tiers = a.gen, held&^bit(t); b.tiers == 0 {
+			a.forget(ext, b)
+		} else if held != b.tiers {
+			a.routerOf[ext] = b
+		}
+	}
+	a.usedTiers &^= bit(t)
+	if t == index.TierDevice {
+		a.fullSeen = false
+	}
+	a.emit(index.OpClearTier, t, 0)
+}
+
+// forget drops ext from the mapping, and its split keys' slot.
+func (a *Actor) forget(ext uint64, b block) {
+	delete(a.routerOf, ext)
+	if b.split >= 0 {
+		a.freeSlots = append(a.freeSlots, b.split)
+	}
 }
 
 // unindex clears the worker in the index but keeps the block mapping: its
@@ -353,18 +432,20 @@ func (a *Actor) clear() {
 func (a *Actor) unindex() {
 	if len(a.routerOf) > maxKept {
 		a.routerOf = make(map[uint64]block) // not clear: give its peak memory back
+		a.splitK, a.splitKeys, a.freeSlots = 0, nil, nil
 	}
 	a.gen++
 	a.fullSeen = false
-	a.emit(index.OpClearWorker, 0)
+	a.usedTiers = 0
+	a.emit(index.OpClearWorker, 0, 0)
 }
 
 func (a *Actor) store(e *codec.Event) {
-	size := a.cfg.BlockSize
-	if a.fullSeen && e.BlockSize < size {
+	size, bs := a.cfg.BlockSize, e.BlockSize
+	if a.fullSeen && bs < size {
 		a.stats.Filtered[PartialBlock].Add(1)
 		if a.cfg.Logger.Enabled(context.Background(), slog.LevelDebug) { // normal with vLLM: skip the boxing otherwise
-			a.cfg.Logger.Debug("kvpipe/actor: partial tail block dropped", "worker", a.cfg.Name, "block_size", e.BlockSize)
+			a.cfg.Logger.Debug("kvpipe/actor: partial tail block dropped", "worker", a.cfg.Name, "block_size", bs)
 		}
 		return
 	}
@@ -372,15 +453,34 @@ func (a *Actor) store(e *codec.Event) {
 		a.stats.Filtered[r].Add(1)
 		return
 	}
-	if e.BlockSize == size {
+	k := 1 // router blocks per engine block
+	switch {
+	case bs == size:
 		a.fullSeen = true
-	} else {
-		a.stats.SizeWarnings.Add(1)
-		a.warnf("block size differs from the router's", "configured", size, "received", e.BlockSize)
-	}
-	bs := e.BlockSize
-	if bs <= 0 {
+	case bs > size && bs%size == 0:
+		if k = bs / size; a.splitK == 0 {
+			a.splitK = k
+		} else if k != a.splitK { // the engine changed its block size without a clear
+			a.badSize(bs)
+			return
+		}
+		a.fullSeen = true
+	case bs <= 0:
 		a.stats.TokenMismatch.Add(1)
+		return
+	case bs < size:
+		// Before any full block: a misconfiguration, converted at its own
+		// size so that it shows (FORMAT.md §9.1).
+		a.stats.SizeWarnings.Add(1)
+		a.warnf("block size differs from the router's", "configured", size, "received", bs)
+	default:
+		a.badSize(bs)
+		return
+	}
+	t := tierOf(e.Medium)
+	a.usedTiers |= bit(t)
+	if len(e.TokenIDs) == 0 {
+		a.retier(e, t)
 		return
 	}
 	n := len(e.BlockHashes)
@@ -398,41 +498,126 @@ func (a *Actor) store(e *codec.Event) {
 			a.stats.UnknownParent.Add(1)
 			return
 		}
-		// The engine built on the parent, so it holds the parent's prefix.
-		a.reindex(e.ParentHash)
+		if t == index.TierDevice {
+			// The engine built on the parent on device, so it holds the
+			// parent's prefix there.
+			a.reindex(e.ParentHash)
+		}
 		parent, hasParent = p.key, true
 	}
+	var ns uint64 // the adapter and salt, mixed into a root's key
+	if !hasParent {
+		ns = index.Namespace(e.LoraName, e.LoraID, e.HasLoraID, e.CacheSalt)
+	}
+	unit := bs / k
 	ext, extParent := e.ParentHash, e.HasParent
 	for i := range n {
-		h := a.hasher.Block(parent, hasParent, e.TokenIDs[i*bs:(i+1)*bs])
-		if old, ok := a.routerOf[e.BlockHashes[i]]; ok && old.gen == a.gen {
-			if old.key == h {
-				parent, hasParent = h, true
-				ext, extParent = e.BlockHashes[i], true
-				continue // stored again: the index holds it already
-			}
-			a.emit(index.OpRemove, old.key)
+		var extra uint64
+		if i < len(e.BlockExtra) {
+			extra = e.BlockExtra[i]
 		}
-		a.routerOf[e.BlockHashes[i]] = block{key: h, parent: ext, hasParent: extParent, gen: a.gen}
-		a.emit(index.OpStore, h)
-		a.stats.BlocksStored.Add(1)
-		parent, hasParent = h, true
-		ext, extParent = e.BlockHashes[i], true
+		toks := e.TokenIDs[i*bs : (i+1)*bs]
+		a.keys = a.keys[:0]
+		for j := range k {
+			parent = a.hasher.Key(parent, hasParent, ns, extra, toks[j*unit:(j+1)*unit])
+			hasParent = true
+			a.keys = append(a.keys, parent)
+		}
+		h := e.BlockHashes[i]
+		old, known := a.routerOf[h]
+		if known && old.key == parent {
+			a.hold(h, old, t) // stored again: in the index already, unless in another tier
+		} else {
+			if known {
+				for ot := range index.Tier(index.NumTiers) {
+					if old.held(a.gen)&bit(ot) != 0 {
+						a.emitKeys(index.OpRemove, ot, old)
+					}
+				}
+				a.forget(h, old)
+			}
+			b := block{key: parent, parent: ext, hasParent: extParent, gen: a.gen, tiers: bit(t), split: -1}
+			if k > 1 {
+				b.split = a.slot(a.keys[:k-1])
+			}
+			a.routerOf[h] = b
+			a.emitKeys(index.OpStore, t, b)
+		}
+		ext, extParent = h, true
 	}
 }
 
-// reindex puts the block ext and its ancestors back into the index where an
-// earlier clear took them out.
+// retier handles a BlockStored without tokens (vLLM's offloading connector
+// names the blocks it copied to another tier by hash alone): blocks this
+// worker told of go into the tier under their keys; others cannot be keyed.
+func (a *Actor) retier(e *codec.Event, t index.Tier) {
+	for _, h := range e.BlockHashes {
+		b, ok := a.routerOf[h]
+		if !ok {
+			a.stats.TokenMismatch.Add(1)
+			continue
+		}
+		a.hold(h, b, t)
+	}
+}
+
+// badSize warns once per worker of a block size the router cannot split
+// into its own, whose blocks are left out (FORMAT.md §9.1).
+func (a *Actor) badSize(bs int) {
+	a.stats.Filtered[BlockSizeMismatch].Add(1)
+	if !a.sizeWarned {
+		a.sizeWarned = true
+		a.cfg.Logger.Warn("kvpipe/actor: block size is not a multiple of the router's; its blocks are not indexed",
+			"worker", a.cfg.Name, "configured", a.cfg.BlockSize, "received", bs, "split", a.splitK)
+	}
+}
+
+// slot stores the first router keys of a split engine block and returns
+// their slot.
+func (a *Actor) slot(keys []uint64) int32 {
+	if n := len(a.freeSlots); n > 0 {
+		s := a.freeSlots[n-1]
+		a.freeSlots = a.freeSlots[:n-1]
+		copy(a.splitKeys[int(s)*len(keys):], keys)
+		return s
+	}
+	a.splitKeys = append(a.splitKeys, keys...)
+	return int32(len(a.splitKeys)/len(keys) - 1)
+}
+
+// hold puts the known block h in tier t of the index, unless it is there,
+// and reports whether it did.
+func (a *Actor) hold(h uint64, b block, t index.Tier) bool {
+	held := b.held(a.gen)
+	if held&bit(t) != 0 {
+		return false
+	}
+	b.gen, b.tiers = a.gen, held|bit(t)
+	a.routerOf[h] = b
+	a.usedTiers |= bit(t)
+	a.emitKeys(index.OpStore, t, b)
+	return true
+}
+
+// emitKeys sends one op for each router key of b, first to last.
+func (a *Actor) emitKeys(kind index.OpKind, t index.Tier, b block) {
+	if b.split >= 0 {
+		n := a.splitK - 1
+		for _, k := range a.splitKeys[int(b.split)*n : int(b.split+1)*n] {
+			a.emit(kind, t, k)
+		}
+	}
+	a.emit(kind, t, b.key)
+}
+
+// reindex puts the block ext and its ancestors back on device where an
+// earlier clear or eviction took them out.
 func (a *Actor) reindex(ext uint64) {
 	for {
 		b, ok := a.routerOf[ext]
-		if !ok || b.gen == a.gen {
+		if !ok || !a.hold(ext, b, index.TierDevice) {
 			return
 		}
-		b.gen = a.gen
-		a.routerOf[ext] = b
-		a.emit(index.OpStore, b.key)
-		a.stats.BlocksStored.Add(1)
 		if !b.hasParent {
 			return
 		}
@@ -464,13 +649,27 @@ func (a *Actor) filter(e *codec.Event) (Reason, bool) {
 }
 
 func (a *Actor) mediumOK(medium string) (Reason, bool) {
-	switch codec.MediumTier(medium) {
-	case codec.TierDevice:
-		return 0, true
-	case codec.TierUnknown:
+	t := codec.MediumTier(medium)
+	if t == codec.TierUnknown {
 		return UnknownMedium, false
 	}
-	return LowerTier, false
+	if a.cfg.Weights[tierOf(medium)] == 0 {
+		return LowerTier, false
+	}
+	return 0, true
+}
+
+// tierOf maps a medium that mediumOK passed to its index tier.
+func tierOf(medium string) index.Tier {
+	switch codec.MediumTier(medium) {
+	case codec.TierHost:
+		return index.TierHost
+	case codec.TierDisk:
+		return index.TierDisk
+	case codec.TierRemote:
+		return index.TierRemote
+	}
+	return index.TierDevice
 }
 
 // maxOps caps the ops of one index batch, so that a batch's memory is
@@ -478,7 +677,7 @@ func (a *Actor) mediumOK(medium string) (Reason, bool) {
 // long prompt) is applied in parts rather than holding its shard at once.
 const maxOps = 256
 
-func (a *Actor) emit(kind index.OpKind, h uint64) {
+func (a *Actor) emit(kind index.OpKind, t index.Tier, h uint64) {
 	if a.out != nil && len(a.out.Ops) >= maxOps {
 		a.flush()
 	}
@@ -487,13 +686,31 @@ func (a *Actor) emit(kind index.OpKind, h uint64) {
 	}
 	switch kind {
 	case index.OpStore:
-		a.stats.IndexedBlocks.Add(1)
+		a.stats.BlocksStored.Add(1)
+		a.addHeld(t, 1)
 	case index.OpRemove:
-		a.stats.IndexedBlocks.Add(-1)
+		a.stats.BlocksRemoved.Add(1)
+		a.addHeld(t, -1)
 	case index.OpClearWorker:
-		a.stats.IndexedBlocks.Store(0)
+		a.zeroHeld()
+	case index.OpClearTier:
+		a.addHeld(t, -a.stats.TierBlocks[t].Load())
 	}
-	a.out.Ops = append(a.out.Ops, index.Op{Kind: kind, Hash: h})
+	a.out.Ops = append(a.out.Ops, index.Op{Kind: kind, Tier: t, Hash: h})
+}
+
+func (a *Actor) addHeld(t index.Tier, n int64) {
+	a.stats.TierBlocks[t].Add(n)
+	if t == index.TierDevice {
+		a.stats.IndexedBlocks.Add(n)
+	}
+}
+
+func (a *Actor) zeroHeld() {
+	for i := range a.stats.TierBlocks {
+		a.stats.TierBlocks[i].Store(0)
+	}
+	a.stats.IndexedBlocks.Store(0)
 }
 
 // take returns a batch to fill: a free one, or else a new one. At most
@@ -550,7 +767,8 @@ func (a *Actor) drop(b *index.Batch) {
 	a.resync = true
 	a.gen++ // the mapping stays true: the engine is the same
 	a.fullSeen = false
-	a.stats.IndexedBlocks.Store(0)
+	a.usedTiers = 0
+	a.zeroHeld()
 	a.stats.Partial.Store(true)
 	b.Ops = b.Ops[:0]
 	a.free <- b

@@ -91,7 +91,13 @@ func TestNormalisationRules(t *testing.T) {
 		{"AllBlocksCleared resets the history",
 			[]codec.Event{stored(1, 16), cleared(), stored(2, 4)}, 2, nil, 1},
 		{"an engine back with another block size warns again",
-			[]codec.Event{stored(1, 16), cleared(), stored(2, 32), stored(3, 32)}, 3, nil, 2},
+			[]codec.Event{stored(1, 16), cleared(), stored(2, 4), stored(3, 4)}, 3, nil, 2},
+		{"a multiple of the router's size is split and proves the size",
+			[]codec.Event{stored(1, 32), stored(2, 4)}, 2, map[Reason]uint64{PartialBlock: 1}, 0},
+		{"a size neither a multiple nor a tail is left out, under its own reason",
+			[]codec.Event{stored(1, 24), stored(2, 40), stored(3, 16)}, 1, map[Reason]uint64{BlockSizeMismatch: 2}, 0},
+		{"a size beside the multiple already split is left out",
+			[]codec.Event{stored(1, 32), stored(2, 48)}, 2, map[Reason]uint64{BlockSizeMismatch: 1}, 0},
 		{"a learned non-main group is filtered without its kind",
 			[]codec.Event{stored(1, 16, group(1, "mamba")), stored(2, 16, group(1, ""))}, 0, map[Reason]uint64{NonMainAttention: 2}, 0},
 		{"a learned main group is indexed",
@@ -100,10 +106,10 @@ func TestNormalisationRules(t *testing.T) {
 			[]codec.Event{stored(1, 16, group(3, ""))}, 0, map[Reason]uint64{UnlearnedGroup: 1}, 0},
 		{"group 0 without a kind is main",
 			[]codec.Event{stored(1, 16, group(0, ""))}, 1, nil, 0},
-		{"host, disk and remote tiers are lower tiers, an unknown medium is counted",
+		{"host, disk and remote tiers are indexed, an unknown medium is counted",
 			[]codec.Event{stored(1, 16, medium("CPU")), stored(2, 16, medium("DISK")), stored(3, 16, medium("TAPE")), stored(4, 16, medium("GPU")),
 				stored(5, 16, medium("EXTERNAL")), stored(6, 16, medium("CPU_PINNED")), stored(7, 16, medium("STORAGE"))},
-			1, map[Reason]uint64{LowerTier: 5, UnknownMedium: 1}, 0},
+			6, map[Reason]uint64{UnknownMedium: 1}, 0},
 		{"tracking is per event kind: sliding window kind filtered even as group 0",
 			[]codec.Event{stored(1, 16, group(0, "sliding_window"))}, 0, map[Reason]uint64{NonMainAttention: 1}, 0},
 	}
@@ -179,11 +185,11 @@ func TestConversion(t *testing.T) {
 			t.Errorf("unknown_remove = %d, want 1", h.a.Stats().UnknownRemove)
 		}
 	})
-	t.Run("a removed lower-tier block is filtered, not removed from the device index", func(t *testing.T) {
+	t.Run("a remove from a tier that does not hold the block changes nothing", func(t *testing.T) {
 		h := newHarness(t)
 		h.send(stored(5, 16), codec.Event{Type: codec.BlockRemoved, BlockHashes: []uint64{5}, Medium: "CPU"})
-		if len(h.ops) != 1 || h.a.Stats().Filtered[LowerTier] != 1 {
-			t.Errorf("ops %v, lower_tier %d", h.ops, h.a.Stats().Filtered[LowerTier])
+		if len(h.ops) != 1 || h.a.Stats().UnknownRemove != 0 || h.a.Stats().IndexedBlocks != 1 {
+			t.Errorf("ops %v, unknown_remove %d, indexed %d", h.ops, h.a.Stats().UnknownRemove, h.a.Stats().IndexedBlocks)
 		}
 	})
 }

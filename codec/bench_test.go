@@ -85,6 +85,22 @@ func BenchmarkDecode(b *testing.B) {
 			b.ReportMetric(float64(b.N*eventsPerPayload)/b.Elapsed().Seconds(), "events/s")
 		})
 	}
+	// Every BlockStored with an adapter, images and (the root) a salt in its
+	// extra keys, half raw tuples, half typed.
+	b.Run("kvpipe/vllm-map-extra-keys", func(b *testing.B) {
+		in := extraKeysBatch()
+		payload := AppendBatch(nil, &in, CurrentVLLM)
+		d := NewDecoder()
+		var batch Batch
+		b.SetBytes(int64(len(payload)))
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := d.Decode(payload, &batch); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(b.N*eventsPerPayload)/b.Elapsed().Seconds(), "events/s")
+	})
 	// The same map-form payload through a reflection decoder, the way the Go
 	// peer (llm-d) decodes: a fresh value per message.
 	b.Run("reflection-vmihailenco/vllm-map", func(b *testing.B) {

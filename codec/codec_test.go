@@ -9,6 +9,8 @@ import (
 
 	gocmp "github.com/google/go-cmp/cmp"
 	"github.com/tinylib/msgp/msgp"
+
+	"github.com/kvpipe/kvpipe/codec/extrakeys"
 )
 
 // fullBatch sets every field the format has, each to a value that tells it apart.
@@ -17,17 +19,21 @@ func fullBatch() Batch {
 		{Type: BlockStored, BlockHashes: []uint64{1 << 63, 42, 0}, ParentHash: 99, HasParent: true,
 			TokenIDs: []uint32{0, 1, 1<<32 - 1, 7, 8, 9}, BlockSize: 2, LoraID: 3, HasLoraID: true,
 			Medium: "CPU_PINNED", LoraName: "adapter-a", ExtraKeys: []byte{0x93, 0xc0, 0xc0, 0x92, 0xa1, 'x', 0x05},
-			GroupIdx: 1, HasGroupIdx: true, SpecKind: "sliding_window", SlidingWindow: 4096, HasSlidingWindow: true},
-		{Type: BlockStored, BlockHashes: []uint64{5}, TokenIDs: []uint32{1, 2}, BlockSize: 2},
+			BlockExtra: []uint64{0, 0, digestOf(func(d *extrakeys.Digest) { d.Raw(rawStr, []byte("x"), 0); d.Raw(rawUint, nil, 5) })},
+			GroupIdx:   1, HasGroupIdx: true, SpecKind: "sliding_window", SlidingWindow: 4096, HasSlidingWindow: true},
+		{Type: BlockStored, BlockHashes: []uint64{5}, TokenIDs: []uint32{1, 2}, BlockSize: 2, CacheSalt: "tenant-7"},
 		{Type: BlockRemoved, BlockHashes: []uint64{42, 1 << 63}, Medium: "GPU", GroupIdx: 2, HasGroupIdx: true},
 		{Type: AllBlocksCleared},
 	}}
 }
 
 // keepSlots is what an array layout of n BlockStored slots can carry of e.
-func keepSlots(e Event, n int) Event {
+func keepSlots(e Event, n int, l Layout) Event {
 	if e.Type != BlockStored {
 		return e
+	}
+	if !l.SaltKey || e.LoraName != "" || n <= 7 {
+		e.CacheSalt = ""
 	}
 	if n <= 5 {
 		e.LoraID, e.HasLoraID = 0, false
@@ -39,7 +45,7 @@ func keepSlots(e Event, n int) Event {
 		e.LoraName = ""
 	}
 	if n <= 8 {
-		e.ExtraKeys = nil
+		e.ExtraKeys, e.BlockExtra = nil, nil
 	}
 	if n <= 9 {
 		e.GroupIdx, e.HasGroupIdx = 0, false
@@ -62,6 +68,9 @@ func TestRoundTripEveryLayout(t *testing.T) {
 		{"vllm-map-bin-hashes", Layout{BinHashes: true}},
 		{"map-batch", Layout{MapBatch: true}},
 		{"sglang-signed", Layout{ArrayEvents: true, StoredSlots: 8, SignedHashes: true}},
+		{"sglang-salt-metadata", Layout{ArrayEvents: true, StoredSlots: 8, SignedHashes: true, SaltKey: true}},
+		{"sglang-salt-map", Layout{SignedHashes: true, SaltKey: true}},
+		{"array-12-salt", Layout{ArrayEvents: true, SaltKey: true}},
 		{"array-5", Layout{ArrayEvents: true, StoredSlots: 5}},
 		{"array-6-lora-id", Layout{ArrayEvents: true, StoredSlots: 6}},
 		{"array-7-medium", Layout{ArrayEvents: true, StoredSlots: 7}},
@@ -82,9 +91,9 @@ func TestRoundTripEveryLayout(t *testing.T) {
 			for i := range want.Events {
 				e := &want.Events[i]
 				if tc.l.ArrayEvents {
-					*e = keepSlots(*e, cmp.Or(tc.l.StoredSlots, 12))
-				} else if e.Type == BlockRemoved {
-					e.SpecKind, e.SlidingWindow, e.HasSlidingWindow = "", 0, false // not in vLLM's map form
+					*e = keepSlots(*e, cmp.Or(tc.l.StoredSlots, 12), tc.l)
+				} else if !tc.l.SaltKey {
+					e.CacheSalt = "" // vLLM's map form states a salt in extra_keys only
 				}
 			}
 			var got Batch

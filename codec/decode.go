@@ -242,10 +242,11 @@ const (
 	fieldGroupIdx
 	fieldSpecKind
 	fieldSlidingWindow
+	fieldCacheSalt // map form only (SGLang); the array form has no slot for it
 )
 
 var fieldNames = [...]string{"", "type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
-	"medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"}
+	"medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window", "cache_salt"}
 
 func (f field) String() string { return fieldNames[f] }
 
@@ -275,6 +276,8 @@ func fieldOf(key []byte) field {
 		return fieldSpecKind
 	case "kv_cache_spec_sliding_window":
 		return fieldSlidingWindow
+	case "cache_salt":
+		return fieldCacheSalt
 	}
 	return fieldUnknown
 }
@@ -341,7 +344,7 @@ func (d *Decoder) decodeArrayEvent(p []byte, e *Event, b *Batch) ([]byte, bool, 
 			return p, false, err
 		}
 	}
-	return p, true, nil
+	return p, true, d.finish(e)
 }
 
 func (d *Decoder) decodeMapEvent(p []byte, e *Event, b *Batch) ([]byte, bool, error) {
@@ -379,7 +382,17 @@ func (d *Decoder) decodeMapEvent(p []byte, e *Event, b *Batch) ([]byte, bool, er
 	if missing := seen.missing(e.Type); missing != "" {
 		return body, false, &Error{Field: missing, Msg: "missing"}
 	}
-	return body, true, nil
+	return body, true, d.finish(e)
+}
+
+// finish derives what needs the whole event: the extra-key digests, which
+// depend on the lora name, the salt and the parent, in whatever order a map
+// event brought them.
+func (d *Decoder) finish(e *Event) error {
+	if e.Type != BlockStored || e.ExtraKeys == nil {
+		return nil
+	}
+	return d.digestExtraKeys(e)
 }
 
 // findTag returns the "type" value of a map event body of n pairs.
@@ -463,12 +476,19 @@ func (d *Decoder) decodeField(f field, p []byte, e *Event, b *Batch) ([]byte, er
 	case fieldMedium:
 		e.Medium, p, err = d.readOptString(p)
 	case fieldLoraName:
-		// Some SGLang versions put a cache_salt map in this slot: not a name, not an error.
-		if t := msgp.NextType(p); t != msgp.StrType && t != msgp.NilType {
-			p, err = msgp.Skip(p)
-		} else {
+		// SGLang versions with cache salts put a metadata map in this slot
+		// (BlockStoredWithMetadata): its cache_salt is read, the rest skipped.
+		// Any other type is not a name and not an error either.
+		switch msgp.NextType(p) {
+		case msgp.StrType, msgp.NilType:
 			e.LoraName, p, err = d.readOptString(p)
+		case msgp.MapType:
+			p, err = d.readMetadata(p, e)
+		default:
+			p, err = msgp.Skip(p)
 		}
+	case fieldCacheSalt:
+		e.CacheSalt, p, err = d.readOptString(p)
 	case fieldExtraKeys:
 		if msgp.IsNil(p) {
 			p = p[1:]

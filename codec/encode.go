@@ -23,6 +23,12 @@ type Layout struct {
 	BinHashes bool
 	// SignedHashes writes block hashes as signed int64, as SGLang does.
 	SignedHashes bool
+	// SaltKey writes Event.CacheSalt the way SGLang does: in map events as a
+	// cache_salt key (and lora_name only when set, SGLang's map form having
+	// none), in array events as the metadata map {"cache_salt": salt} in the
+	// lora_name slot when LoraName is empty. Without it the salt is written
+	// nowhere but in ExtraKeys, where vLLM states it.
+	SaltKey bool
 }
 
 // CurrentVLLM is the layout of current vLLM releases.
@@ -72,7 +78,10 @@ func appendMapEvent(dst []byte, e *Event, l Layout) []byte {
 	switch e.Type {
 	case BlockStored:
 		// Fields without a default are always written; defaulted ones only when set.
-		n := uint32(8)
+		n := uint32(7)
+		withLoraName := !l.SaltKey || e.LoraName != ""
+		withSalt := l.SaltKey && e.CacheSalt != ""
+		n += count(withLoraName) + count(withSalt)
 		n += count(e.ExtraKeys != nil) + count(e.HasGroupIdx) + count(e.SpecKind != "") + count(e.HasSlidingWindow)
 		dst = msgp.AppendMapHeader(dst, n)
 		dst = appendKey(dst, "type", "BlockStored")
@@ -88,8 +97,13 @@ func appendMapEvent(dst []byte, e *Event, l Layout) []byte {
 		dst = appendOptInt(dst, e.LoraID, e.HasLoraID)
 		dst = msgp.AppendString(dst, "medium")
 		dst = appendOptString(dst, e.Medium)
-		dst = msgp.AppendString(dst, "lora_name")
-		dst = appendOptString(dst, e.LoraName)
+		if withLoraName {
+			dst = msgp.AppendString(dst, "lora_name")
+			dst = appendOptString(dst, e.LoraName)
+		}
+		if withSalt {
+			dst = appendKey(dst, "cache_salt", e.CacheSalt)
+		}
 		if e.ExtraKeys != nil {
 			dst = msgp.AppendString(dst, "extra_keys")
 			dst = append(dst, e.ExtraKeys...)
@@ -106,7 +120,10 @@ func appendMapEvent(dst []byte, e *Event, l Layout) []byte {
 			dst = appendInt(dst, int64(e.SlidingWindow))
 		}
 	case BlockRemoved:
-		dst = msgp.AppendMapHeader(dst, 3+count(e.HasGroupIdx))
+		// vLLM's map form has no spec kind or window on BlockRemoved; they
+		// are written when set all the same, so that this form carries
+		// every field the decoder keeps.
+		dst = msgp.AppendMapHeader(dst, 3+count(e.HasGroupIdx)+count(e.SpecKind != "")+count(e.HasSlidingWindow))
 		dst = appendKey(dst, "type", "BlockRemoved")
 		dst = msgp.AppendString(dst, "block_hashes")
 		dst = appendHashes(dst, e.BlockHashes, l)
@@ -115,6 +132,13 @@ func appendMapEvent(dst []byte, e *Event, l Layout) []byte {
 		if e.HasGroupIdx {
 			dst = msgp.AppendString(dst, "group_idx")
 			dst = appendInt(dst, int64(e.GroupIdx))
+		}
+		if e.SpecKind != "" {
+			dst = appendKey(dst, "kv_cache_spec_kind", e.SpecKind)
+		}
+		if e.HasSlidingWindow {
+			dst = msgp.AppendString(dst, "kv_cache_spec_sliding_window")
+			dst = appendInt(dst, int64(e.SlidingWindow))
 		}
 	default:
 		if e.Medium == "" {
@@ -158,7 +182,11 @@ func appendArrayEvent(dst []byte, e *Event, l Layout) []byte {
 		case fieldMedium:
 			dst = appendOptString(dst, e.Medium)
 		case fieldLoraName:
-			dst = appendOptString(dst, e.LoraName)
+			if e.LoraName == "" && l.SaltKey && e.CacheSalt != "" {
+				dst = appendKey(msgp.AppendMapHeader(dst, 1), "cache_salt", e.CacheSalt)
+			} else {
+				dst = appendOptString(dst, e.LoraName)
+			}
 		case fieldExtraKeys:
 			if e.ExtraKeys == nil {
 				dst = msgp.AppendNil(dst)
@@ -194,7 +222,7 @@ func arrayLen(t EventType, slots []field, e *Event, l Layout) int {
 		return max(n, int(minSlots[t]))
 	}
 	for _, f := range slots[shortSlots[t]:] {
-		if isSet(f, e) {
+		if isSet(f, e, l) {
 			return len(slots)
 		}
 	}
@@ -203,7 +231,7 @@ func arrayLen(t EventType, slots []field, e *Event, l Layout) int {
 
 // isSet reports whether e holds a value for f other than nil. A field with
 // no nil form (hashes, tokens, block size) is always set.
-func isSet(f field, e *Event) bool {
+func isSet(f field, e *Event, l Layout) bool {
 	switch f {
 	case fieldParent:
 		return e.HasParent
@@ -212,7 +240,7 @@ func isSet(f field, e *Event) bool {
 	case fieldMedium:
 		return e.Medium != ""
 	case fieldLoraName:
-		return e.LoraName != ""
+		return e.LoraName != "" || l.SaltKey && e.CacheSalt != ""
 	case fieldExtraKeys:
 		return e.ExtraKeys != nil
 	case fieldGroupIdx:

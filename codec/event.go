@@ -50,8 +50,20 @@ type Event struct {
 	HasLoraID   bool
 	Medium      string // "" when absent or nil
 	LoraName    string
+	// CacheSalt is the request's cache salt: SGLang's cache_salt (a map key,
+	// or the metadata map some versions put in the lora_name slot), else the
+	// salt vLLM states in the extra keys of a root event's first block. ""
+	// when none. With LoraName or LoraID it makes the block's namespace
+	// (index.Namespace); see docs/FORMAT.md §10.2.
+	CacheSalt string
 	// ExtraKeys is the raw msgpack of extra_keys (one array per block), nil when absent.
-	ExtraKeys        []byte
+	ExtraKeys []byte
+	// BlockExtra holds one digest per block hash of that block's extra keys
+	// (package extrakeys), 0 for a block without any; empty when the event
+	// has no extra_keys. The adapter and the salt are left out of it (they
+	// are in the namespace), so a block's digest depends only on its
+	// multimodal inputs and other content keys (docs/FORMAT.md §10.3).
+	BlockExtra       []uint64
 	GroupIdx         int
 	HasGroupIdx      bool
 	SpecKind         string // kv_cache_spec_kind, "" when absent
@@ -62,7 +74,7 @@ type Event struct {
 // reset clears every field but keeps the slices' storage: a reused event must
 // never show a field of the event decoded into it before.
 func (e *Event) reset() {
-	*e = Event{BlockHashes: e.BlockHashes[:0], TokenIDs: e.TokenIDs[:0]}
+	*e = Event{BlockHashes: e.BlockHashes[:0], TokenIDs: e.TokenIDs[:0], BlockExtra: e.BlockExtra[:0]}
 }
 
 // Tier is the storage tier an event's medium names.

@@ -10,6 +10,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/kvpipe/kvpipe/codec/extrakeys"
 )
 
 // readHex reads an annotated hex file: '#' starts a comment, white space is ignored.
@@ -56,7 +58,8 @@ var goldens = []struct {
 	{file: "vllm_array_12_slots.hex", layout: &Layout{ArrayEvents: true}, want: Batch{TS: 3.25, DPRank: 5, HasDPRank: true, Events: []Event{
 		{Type: BlockStored, BlockHashes: []uint64{0xa1a2a3a4a5a6a7a8, 0xb1}, ParentHash: 0xc1c2c3c4, HasParent: true,
 			TokenIDs: []uint32{100, 101, 300, 70000}, BlockSize: 2, LoraID: 200, HasLoraID: true, Medium: "CPU", LoraName: "sql-lora",
-			ExtraKeys: []byte{0x92, 0x91, 0x92, 0xa4, 'i', 'm', 'g', '0', 0x03, 0xc0}, GroupIdx: 3, HasGroupIdx: true,
+			ExtraKeys: []byte{0x92, 0x91, 0x92, 0xa4, 'i', 'm', 'g', '0', 0x03, 0xc0}, BlockExtra: []uint64{mmDigest("img0", 3), 0},
+			GroupIdx: 3, HasGroupIdx: true,
 			SpecKind: "sliding_window", SlidingWindow: 4096, HasSlidingWindow: true},
 	}}},
 	{file: "vllm_array_removed.hex", layout: &Layout{ArrayEvents: true}, want: Batch{TS: 0.5, Events: []Event{
@@ -66,23 +69,64 @@ var goldens = []struct {
 		{Type: BlockRemoved, BlockHashes: []uint64{7}},
 		{Type: AllBlocksCleared, Medium: "CPU_PINNED"},
 	}}},
-	{file: "sglang_signed.hex", why: "the cache_salt map is not kept, and -2 is an int64 where the encoder writes a fixint",
+	{file: "sglang_signed.hex", why: "a metadata map without cache_salt has no encoding, and -2 is an int64 where the encoder writes a fixint",
 		want: Batch{TS: 1, DPRank: 1, HasDPRank: true, Events: []Event{
 			{Type: BlockStored, BlockHashes: []uint64{0xfffffffffffffffe, 0xffffffffffffffff}, ParentHash: 0xffffffffffffff9c, HasParent: true, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 2},
 		}}},
-	// The decoder keeps no cache_salt (Event has no field for it): the salt
-	// must leave every other field, and the slot after it, intact.
-	{file: "sglang_cache_salt.hex", why: "the cache_salt map is not kept, and the encoder writes BlockRemoved's medium slot",
+	// The metadata map yields the salt and must leave every other field, and
+	// the slot after it, intact; "salt-b" is not this event's salt.
+	{file: "sglang_cache_salt.hex", why: "the metadata map has a key the encoder does not write, and the encoder writes BlockRemoved's medium slot",
 		want: Batch{TS: 4, DPRank: 3, HasDPRank: true, Events: []Event{
 			{Type: BlockStored, BlockHashes: []uint64{1 << 63, 1<<63 - 1}, ParentHash: 0xfffffffffffe7960, HasParent: true,
-				TokenIDs: []uint32{7, 8, 9, 10}, BlockSize: 2, Medium: "GPU", ExtraKeys: []byte{0x92, 0xc0, 0x91, 0xa6, 's', 'a', 'l', 't', '-', 'b'}},
+				TokenIDs: []uint32{7, 8, 9, 10}, BlockSize: 2, Medium: "GPU", CacheSalt: "tenant-42",
+				ExtraKeys:  []byte{0x92, 0xc0, 0x91, 0xa6, 's', 'a', 'l', 't', '-', 'b'},
+				BlockExtra: []uint64{0, digestOf(func(d *extrakeys.Digest) { d.Raw(rawStr, []byte("salt-b"), 0) })}},
 			{Type: BlockRemoved, BlockHashes: []uint64{0xffffffffffffffff}},
 		}}},
 	{file: "vllm_bin_map_batch.hex", why: "keys out of order, an unknown key and event, other digest filler bytes, an int ts",
 		want: Batch{TS: 0, DPRank: 3, HasDPRank: true, Skipped: 1, Events: []Event{
 			{Type: BlockStored, BlockHashes: []uint64{258}, ParentHash: 9, HasParent: true, TokenIDs: []uint32{5, 6}, BlockSize: 2, Medium: "GPU",
-				ExtraKeys: []byte{0x91, 0x92, 0xa3, 'i', 'm', 'g', 0x00}, GroupIdx: 1, HasGroupIdx: true, SpecKind: "full_attention"},
+				ExtraKeys: []byte{0x91, 0x92, 0xa3, 'i', 'm', 'g', 0x00}, BlockExtra: []uint64{digestOf(func(d *extrakeys.Digest) { d.Raw(rawStr, []byte("img"), 0); d.Raw(rawUint, nil, 0) })},
+				GroupIdx: 1, HasGroupIdx: true, SpecKind: "full_attention"},
 		}}},
+	// The same request in vLLM's three extra_keys encodings: equal digests.
+	{file: "vllm_typed_extra_keys.hex", layout: &CurrentVLLM, want: adapterImageBatch(typedAdapterImage)},
+	{file: "vllm_tuple_extra_keys.hex", layout: &CurrentVLLM, want: adapterImageBatch(tupleAdapterImage)},
+	{file: "vllm_extra_keys_wide.hex", why: "str8, str16, int16, int64 and array16 where msgspec writes shorter forms",
+		want: adapterImageBatch(wideAdapterImage)},
+	{file: "sglang_map_salt.hex", layout: &Layout{SignedHashes: true, SaltKey: true}, want: Batch{TS: 6, DPRank: 1, HasDPRank: true, Events: []Event{
+		{Type: BlockStored, BlockHashes: []uint64{uint64(1<<64 - 0x123456789abcdef)}, TokenIDs: []uint32{1, 2}, BlockSize: 2,
+			Medium: "GPU", CacheSalt: "tenant-a"},
+	}}},
+	{file: "sglang_array_salt.hex", layout: &Layout{ArrayEvents: true, StoredSlots: 8, SignedHashes: true, SaltKey: true},
+		want: Batch{TS: 7, HasDPRank: true, Events: []Event{
+			{Type: BlockStored, BlockHashes: []uint64{0xfedcba9876543210}, ParentHash: 0x9000000000000000, HasParent: true,
+				TokenIDs: []uint32{3, 4}, BlockSize: 2, LoraID: 3, HasLoraID: true, Medium: "GPU", CacheSalt: "tenant-b"},
+		}}},
+}
+
+// The extra_keys of vllm_{typed,tuple}_extra_keys.hex and
+// vllm_extra_keys_wide.hex, as their annotations give them.
+var (
+	typedAdapterImage = AppendExtraKeys(nil, [][]ExtraKey{
+		{{Kind: ExtraLoRA, Name: "ad"}, {Kind: ExtraMultiModal, Modality: "image", Hash: "h1", Offset: 1}, {Kind: ExtraCacheSalt, Name: "t1"}},
+		{{Kind: ExtraLoRA, Name: "ad"}, {Kind: ExtraMultiModal, Modality: "image", Hash: "h1", Offset: -1}},
+	}, ExtraTyped)
+	tupleAdapterImage = []byte{0x92,
+		0x93, 0xa2, 'a', 'd', 0x92, 0xa2, 'h', '1', 0x01, 0xa2, 't', '1',
+		0x92, 0xa2, 'a', 'd', 0x92, 0xa2, 'h', '1', 0xff}
+	wideAdapterImage = []byte{0xdc, 0x00, 0x02,
+		0x93, 0xd9, 0x02, 'a', 'd', 0x92, 0xda, 0x00, 0x02, 'h', '1', 0xd3, 0, 0, 0, 0, 0, 0, 0, 1, 0xd9, 0x02, 't', '1',
+		0x92, 0xa2, 'a', 'd', 0x92, 0xa2, 'h', '1', 0xd1, 0xff, 0xff}
+)
+
+// adapterImageBatch is the batch of those three files, with extra keys raw.
+func adapterImageBatch(raw []byte) Batch {
+	return Batch{TS: 5, HasDPRank: true, Events: []Event{
+		{Type: BlockStored, BlockHashes: []uint64{0x1111, 0x2222}, TokenIDs: []uint32{9, 9, 9, 9}, BlockSize: 2,
+			LoraID: 1, HasLoraID: true, Medium: "GPU", LoraName: "ad", CacheSalt: "t1", ExtraKeys: raw,
+			BlockExtra: []uint64{mmDigest("h1", 1), mmDigest("h1", -1)}},
+	}}
 }
 
 func TestGoldenVectors(t *testing.T) {

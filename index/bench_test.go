@@ -24,7 +24,9 @@ const benchWorkers = 8
 // mooncake replays the Mooncake trace through benchWorkers simulated engines
 // (16-token blocks, so 32 per trace block; sticky routing by conversation) and
 // returns every engine step as an index batch, and each request's prompt keys.
-func mooncake(b *testing.B, limit int) (steps []Batch, prompts [][]uint64) {
+// hostCap > 0 gives the engines a CPU offload tier of that many blocks, whose
+// stores and removes go to TierHost.
+func mooncake(b *testing.B, limit, hostCap int) (steps []Batch, prompts [][]uint64) {
 	reqs, source, err := sim.Trace(limit)
 	if err != nil {
 		b.Fatal(err)
@@ -33,7 +35,11 @@ func mooncake(b *testing.B, limit int) (steps []Batch, prompts [][]uint64) {
 	var engines [benchWorkers]*sim.Engine
 	var routerOf [benchWorkers]map[uint64]uint64
 	for w := range engines {
-		engines[w] = sim.NewEngine(16, 40_000)
+		if hostCap > 0 {
+			engines[w] = sim.NewEngine(16, 40_000, sim.WithCPUOffload(hostCap))
+		} else {
+			engines[w] = sim.NewEngine(16, 40_000)
+		}
 		routerOf[w] = map[uint64]uint64{}
 	}
 	var h Hasher
@@ -48,6 +54,19 @@ func mooncake(b *testing.B, limit int) (steps []Batch, prompts [][]uint64) {
 		evs, hit = engines[w].Serve(evs[:0], r, tokens)
 		step := Batch{Worker: WorkerID(w)}
 		for _, e := range evs {
+			if e.Medium == sim.MediumCPU {
+				// Offloaded blocks the device held (no tokens, no parent):
+				// router keys from the device's stores, kept while
+				// offloading for this.
+				for _, ext := range e.BlockHashes {
+					k := Op{Kind: OpStore, Tier: TierHost, Hash: routerOf[w][ext]}
+					if e.Type == codec.BlockRemoved {
+						k.Kind = OpRemove
+					}
+					step.Ops = append(step.Ops, k)
+				}
+				continue
+			}
 			switch e.Type {
 			case codec.BlockStored:
 				for j, ext := range e.BlockHashes {
@@ -57,7 +76,9 @@ func mooncake(b *testing.B, limit int) (steps []Batch, prompts [][]uint64) {
 			case codec.BlockRemoved:
 				for _, ext := range e.BlockHashes {
 					step.Ops = append(step.Ops, Op{Kind: OpRemove, Hash: routerOf[w][ext]})
-					delete(routerOf[w], ext)
+					if hostCap == 0 {
+						delete(routerOf[w], ext)
+					}
 				}
 			}
 		}
@@ -70,16 +91,34 @@ var (
 	traceOnce    sync.Once
 	traceSteps   []Batch
 	tracePrompts [][]uint64
+
+	tieredOnce  sync.Once
+	tieredSteps []Batch
 )
 
-// trace is mooncake(b, 0), built once per run: the benchmarks below only
+// trace is mooncake(b, 0, 0), built once per run: the benchmarks below only
 // read it (a Batch without Return is not written by the shard).
 func trace(b *testing.B) ([]Batch, [][]uint64) {
-	traceOnce.Do(func() { traceSteps, tracePrompts = mooncake(b, 0) })
+	traceOnce.Do(func() { traceSteps, tracePrompts = mooncake(b, 0, 0) })
 	if traceSteps == nil {
 		b.Fatal("no trace")
 	}
 	return traceSteps, tracePrompts
+}
+
+// tieredHost is the tiered benchmarks' host tier: four times the device.
+const tieredHost = 160_000
+
+// tieredTrace is the trace replayed by engines offloading to a host tier
+// of tieredHost blocks, so that device evictions move blocks to TierHost;
+// the prompts are trace's.
+func tieredTrace(b *testing.B) ([]Batch, [][]uint64) {
+	_, prompts := trace(b)
+	tieredOnce.Do(func() { tieredSteps, _ = mooncake(b, 0, tieredHost) })
+	if tieredSteps == nil {
+		b.Fatal("no trace")
+	}
+	return tieredSteps, prompts
 }
 
 func countOps(steps []Batch) (n int) {
@@ -190,10 +229,66 @@ func BenchmarkShardsFindMatches(b *testing.B) {
 	}
 }
 
+// BenchmarkShardsFindMatchesTiered: BenchmarkShardsFindMatches against the
+// index a CPU-offloading trace left behind (every shard with a host table),
+// scoring device and host tiers; best-match-blocks and best-tiered-blocks
+// are the requests' best device and best any-tier prefixes.
+func BenchmarkShardsFindMatchesTiered(b *testing.B) {
+	steps, prompts := tieredTrace(b)
+	prompts = prompts[len(prompts)-recent:]
+	for _, n := range []int{1, 2, 4} {
+		b.Run(fmt.Sprintf("shards=%d", n), func(b *testing.B) {
+			s := NewShards(n, 64)
+			defer s.Close()
+			for i := range steps {
+				s.Queue(steps[i].Worker) <- &steps[i]
+			}
+			ctx := context.Background()
+			if err := s.Sync(ctx); err != nil {
+				b.Fatal(err)
+			}
+			var hostNodes int64
+			for i := range n {
+				hostNodes += s.TierNodes(i, TierHost)
+			}
+			if hostNodes == 0 {
+				b.Fatal("nothing offloaded")
+			}
+			var dst []Score
+			matched, tiered := 0, 0
+			b.ReportAllocs()
+			b.ResetTimer()
+			i := 0
+			for b.Loop() {
+				var err error
+				if dst, err = s.FindMatches(ctx, dst[:0], prompts[i%len(prompts)]); err != nil {
+					b.Fatal(err)
+				}
+				bd, bt := 0, 0
+				for _, sc := range dst {
+					bd, bt = max(bd, sc.Blocks), max(bt, sc.Tiers[NumTiers-1])
+				}
+				matched += bd
+				tiered += bt
+				i++
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "requests/s")
+			b.ReportMetric(float64(matched)/float64(b.N), "best-match-blocks")
+			b.ReportMetric(float64(tiered)/float64(b.N), "best-tiered-blocks")
+		})
+	}
+}
+
 // BenchmarkShardsIngest: the whole trace through the shard goroutines, then
 // every worker cleared, per iteration; an iteration ends when the shards
 // have applied it. A warm-up pass first, so the steady state is timed.
-func BenchmarkShardsIngest(b *testing.B) {
+func BenchmarkShardsIngest(b *testing.B) { benchIngest(b, trace) }
+
+// BenchmarkShardsIngestTiered: BenchmarkShardsIngest of the CPU-offloading
+// trace, whose device evictions are stores to the host tier.
+func BenchmarkShardsIngestTiered(b *testing.B) { benchIngest(b, tieredTrace) }
+
+func benchIngest(b *testing.B, trace func(*testing.B) ([]Batch, [][]uint64)) {
 	steps, _ := trace(b)
 	ops := countOps(steps)
 	for _, n := range []int{1, 2, 4} {

@@ -35,7 +35,7 @@ func TestTreeFindMatches(t *testing.T) {
 	tr.Store(30, 2) // holds block 2 but not block 1: no leading match
 	got := tr.FindMatches(nil, []uint64{1, 2, 3, 9})
 	slices.SortFunc(got, func(a, b Score) int { return int(a.Worker) - int(b.Worker) })
-	want := []Score{{10, 3}, {20, 2}}
+	want := []Score{dev(10, 3), dev(20, 2)}
 	if !slices.Equal(got, want) {
 		t.Errorf("FindMatches = %v, want %v", got, want)
 	}
@@ -57,9 +57,9 @@ func TestTreeRemoveFreesNodesAndCountsUnknown(t *testing.T) {
 		t.Errorf("unknown removes %d, nodes %d; want 2 and 1", tr.UnknownRemoves, tr.Nodes())
 	}
 	tr.RemoveWorker(2)
-	if tr.Nodes() != 0 || tr.Blocks(1) != 0 || tr.Blocks(2) != 0 || tr.held[2] != nil {
+	if tr.Nodes() != 0 || tr.Blocks(1) != 0 || tr.Blocks(2) != 0 || tr.tiers[TierDevice].held[2] != nil {
 		t.Errorf("after clearing the last holder: %d nodes, blocks %d and %d, worker 2's entries %v",
-			tr.Nodes(), tr.Blocks(1), tr.Blocks(2), tr.held[2])
+			tr.Nodes(), tr.Blocks(1), tr.Blocks(2), tr.tiers[TierDevice].held[2])
 	}
 }
 
@@ -91,30 +91,44 @@ func TestChurnDoesNotGrow(t *testing.T) {
 	}
 }
 
-// model is the plain reference: per worker, the set of blocks it holds.
-type model map[WorkerID]map[uint64]int
+// model is the plain reference: per worker and tier, the set of blocks it
+// holds there.
+type model map[WorkerID]*[NumTiers]map[uint64]int
 
-func (m model) scores(hashes []uint64) map[WorkerID]int {
-	out := map[WorkerID]int{}
+// scores is FindMatches by the definition: Tiers[t] is the leading keys held
+// each in some tier <= t.
+func (m model) scores(hashes []uint64) map[WorkerID]Score {
+	out := map[WorkerID]Score{}
 	for w, held := range m {
-		n := 0
-		for _, h := range hashes {
-			if held[h] == 0 {
+		s := Score{Worker: w}
+		for t := range NumTiers {
+			n := 0
+		keys:
+			for _, h := range hashes {
+				for u := range t + 1 {
+					if held[u][h] > 0 {
+						n++
+						continue keys
+					}
+				}
 				break
 			}
-			n++
+			s.Tiers[t] = n
 		}
-		if n > 0 {
-			out[w] = n
+		s.Blocks = s.Tiers[TierDevice]
+		if s.Tiers[NumTiers-1] > 0 {
+			out[w] = s
 		}
 	}
 	return out
 }
 
-// Random stores, removes and clears of several workers go through the
-// sharded pipeline; every FindMatches answer equals the reference's.
+// Random stores, removes and clears of several workers, device only and on
+// random tiers, go through the sharded pipeline; every FindMatches answer
+// equals the reference's.
 func TestShardsAgainstModel(t *testing.T) {
 	for seed := range uint64(30) {
+		tiered := seed%2 == 1
 		rng := rand.New(rand.NewPCG(seed, 99))
 		shards := NewShards(1+int(seed%4), 8)
 		ref := model{}
@@ -124,23 +138,35 @@ func TestShardsAgainstModel(t *testing.T) {
 			b := &Batch{Worker: w}
 			held := ref[w]
 			if held == nil {
-				held = map[uint64]int{}
+				held = &[NumTiers]map[uint64]int{}
+				for t := range held {
+					held[t] = map[uint64]int{}
+				}
 				ref[w] = held
 			}
 			for range rng.IntN(12) {
 				h := rng.Uint64N(40) // a small space, so prefixes overlap
-				switch r := rng.IntN(20); {
-				case r < 12:
-					b.Ops = append(b.Ops, Op{Kind: OpStore, Hash: h})
-					held[h]++
-				case r < 19:
-					b.Ops = append(b.Ops, Op{Kind: OpRemove, Hash: h})
-					if held[h] > 0 {
-						held[h]--
+				tier := TierDevice
+				if tiered {
+					tier = Tier(rng.IntN(NumTiers))
+				}
+				switch r := rng.IntN(40); {
+				case r < 24:
+					b.Ops = append(b.Ops, Op{Kind: OpStore, Tier: tier, Hash: h})
+					held[tier][h]++
+				case r < 38:
+					b.Ops = append(b.Ops, Op{Kind: OpRemove, Tier: tier, Hash: h})
+					if held[tier][h] > 0 {
+						held[tier][h]--
 					}
+				case r < 39 && tiered:
+					b.Ops = append(b.Ops, Op{Kind: OpClearTier, Tier: tier})
+					clear(held[tier])
 				default:
 					b.Ops = append(b.Ops, Op{Kind: OpClearWorker})
-					clear(held)
+					for t := range held {
+						clear(held[t])
+					}
 				}
 			}
 			shards.Queue(w) <- b
@@ -155,17 +181,17 @@ func TestShardsAgainstModel(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			gotMap := map[WorkerID]int{}
+			gotMap := map[WorkerID]Score{}
 			for _, s := range got {
-				gotMap[s.Worker] = s.Blocks
+				gotMap[s.Worker] = s
 			}
 			want := ref.scores(query)
-			if len(gotMap) != len(want) {
-				t.Fatalf("seed %d: FindMatches(%v) = %v, want %v", seed, query, gotMap, want)
+			if len(gotMap) != len(want) || len(got) != len(want) {
+				t.Fatalf("seed %d: FindMatches(%v) = %v, want %v", seed, query, got, want)
 			}
-			for w, n := range want {
-				if gotMap[w] != n {
-					t.Fatalf("seed %d: FindMatches(%v) = %v, want %v", seed, query, gotMap, want)
+			for w, s := range want {
+				if gotMap[w] != s {
+					t.Fatalf("seed %d: FindMatches(%v) = %v, want %v", seed, query, got, want)
 				}
 			}
 		}

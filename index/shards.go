@@ -13,15 +13,19 @@ import (
 type OpKind uint8
 
 const (
-	OpStore        OpKind = iota // the worker holds Hash
-	OpRemove                     // the worker no longer holds Hash
-	OpClearWorker                // the worker holds nothing (its cache was cleared)
+	OpStore        OpKind = iota // the worker holds Hash in Tier (as well as in any other tier it holds it in)
+	OpRemove                     // the worker no longer holds Hash in Tier
+	OpClearWorker                // the worker holds nothing in any tier (its cache was cleared)
 	OpRemoveWorker               // the worker is gone: free all of its entries
+	OpClearTier                  // the worker holds nothing in Tier (that medium's cache was cleared)
 )
 
-// Op is one change to a worker's blocks, by router hash.
+// Op is one change to a worker's blocks, by router hash. The zero Tier is
+// TierDevice, so an Op without one means a device block; an op with a Tier
+// from NumTiers on is ignored.
 type Op struct {
 	Kind OpKind
+	Tier Tier
 	Hash uint64
 }
 
@@ -54,7 +58,11 @@ var ErrClosed = errors.New("index: shards closed")
 // meanwhile (a store, a remove, a cleared or removed worker) may be seen in
 // part. A shard that applies nothing during the call answers exactly for
 // the batches it has applied; after Sync returns, answers are exact for
-// every batch queued before it, until more batches are sent.
+// every batch queued before it, until more batches are sent. Tiers are read
+// the same way, each key's holders per tier at one instant: a worker that
+// held hashes[0..k-1] each in a tier <= t throughout the call has
+// Tiers[t] >= k, and a block moved between tiers meanwhile (stored in one,
+// removed from the other) may be seen in both or neither.
 type Shards struct {
 	shards []*shard
 	wg     sync.WaitGroup
@@ -66,7 +74,8 @@ type shard struct {
 	in chan *Batch
 	ix *writer
 	// Read by metrics from any goroutine; written by the shard alone.
-	nodes, unknownRemoves atomic.Int64
+	nodes          [NumTiers]atomic.Int64 // per tier
+	unknownRemoves atomic.Int64
 }
 
 // NewShards starts n shards with input queues of depth batches each.
@@ -91,15 +100,25 @@ func (s *Shards) Queue(w WorkerID) chan<- *Batch { return s.shards[int(w)%len(s.
 // QueueDepth reports how many batches wait at shard i.
 func (s *Shards) QueueDepth(i int) int { return len(s.shards[i].in) }
 
-// Nodes reports how many blocks some worker of shard i holds, as of its last
-// applied batch.
-func (s *Shards) Nodes(i int) int64 { return s.shards[i].nodes.Load() }
+// Nodes reports how many blocks some worker of shard i holds on device, as
+// of its last applied batch.
+func (s *Shards) Nodes(i int) int64 { return s.shards[i].nodes[TierDevice].Load() }
+
+// TierNodes reports how many blocks some worker of shard i holds in tier t
+// (TierNodes(i, TierDevice) is Nodes(i)), as of its last applied batch; 0
+// for an invalid tier.
+func (s *Shards) TierNodes(i int, t Tier) int64 {
+	if t >= NumTiers {
+		return 0
+	}
+	return s.shards[i].nodes[t].Load()
+}
 
 // UnknownRemoves reports shard i's removes of blocks their worker did not hold.
 func (s *Shards) UnknownRemoves(i int) int64 { return s.shards[i].unknownRemoves.Load() }
 
 // FindMatches appends to dst the score of every worker holding at least
-// hashes[0], sorted by Worker, as of what the shards have applied (see
+// hashes[0] in some tier, sorted by Worker, as of what the shards have applied (see
 // Shards for how a batch being applied meanwhile shows). It allocates
 // nothing when dst has room for the scores. ctx is only checked on entry:
 // the call does not block.
@@ -166,16 +185,23 @@ func (sh *shard) apply(b *Batch) {
 	for _, op := range b.Ops {
 		switch op.Kind {
 		case OpStore:
-			ix.Store(b.Worker, op.Hash)
+			ix.StoreTier(b.Worker, op.Tier, op.Hash)
 		case OpRemove:
-			ix.Remove(b.Worker, op.Hash)
+			ix.RemoveTier(b.Worker, op.Tier, op.Hash)
 		case OpClearWorker:
 			ix.ClearWorker(b.Worker)
+		case OpClearTier:
+			ix.ClearTier(b.Worker, op.Tier)
 		case OpRemoveWorker:
 			ix.RemoveWorker(b.Worker)
 		}
 	}
-	sh.nodes.Store(int64(ix.Nodes()))
+	sh.nodes[TierDevice].Store(int64(ix.Nodes()))
+	if ix.lowerSet.Load() != 0 {
+		for t := TierHost; t < NumTiers; t++ {
+			sh.nodes[t].Store(int64(ix.TierNodes(t)))
+		}
+	}
 	sh.unknownRemoves.Store(int64(ix.unknownRemoves))
 	if b.Return != nil {
 		b.Ops = b.Ops[:0]

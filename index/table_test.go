@@ -12,6 +12,11 @@ import (
 	"testing"
 )
 
+// dev is the score of a worker holding its leading blocks on device only.
+func dev(w WorkerID, blocks int) Score {
+	return Score{Worker: w, Blocks: blocks, Tiers: [NumTiers]int{blocks, blocks, blocks, blocks}}
+}
+
 func sortScores(s []Score) []Score {
 	slices.SortFunc(s, func(a, b Score) int { return cmp.Compare(a.Worker, b.Worker) })
 	return s
@@ -36,6 +41,29 @@ func sharedQuery(rng *rand.Rand, q []uint64) []uint64 {
 		q = append(q, rng.Uint64N(40))
 	}
 	return q
+}
+
+// validScore reports whether s is a score a request of n keys can get: a
+// worker reported holds the first key in some tier, Blocks is the device
+// count, and the counts never decrease with the tier.
+func validScore(s Score, n int) bool {
+	if s.Blocks != s.Tiers[TierDevice] || s.Blocks < 0 || s.Tiers[NumTiers-1] < 1 || s.Tiers[NumTiers-1] > n {
+		return false
+	}
+	for t := 1; t < NumTiers; t++ {
+		if s.Tiers[t] < s.Tiers[t-1] {
+			return false
+		}
+	}
+	return true
+}
+
+// randomTier is device half the time, else a lower tier.
+func randomTier(rng *rand.Rand) Tier {
+	if rng.IntN(2) == 0 {
+		return TierDevice
+	}
+	return Tier(1 + rng.IntN(NumTiers-1))
 }
 
 // reader checks, while the writer runs, what holds for any answer the
@@ -82,7 +110,7 @@ func (r *reader) run(t *testing.T, seed uint64) {
 			runtime.Gosched() // two readers must not keep the writer off both Ps
 		}
 		dst = r.find(dst[:0], keys)
-		if len(dst) != 1 || dst[0] != (Score{r.stable, len(keys)}) {
+		if len(dst) != 1 || dst[0] != dev(r.stable, len(keys)) {
 			t.Errorf("stable chain answered %v, want [{%d %d}]", dst, r.stable, len(keys))
 			return
 		}
@@ -93,7 +121,7 @@ func (r *reader) run(t *testing.T, seed uint64) {
 				q = append(q, privateKey(id, i))
 			}
 			dst = r.find(dst[:0], q)
-			if len(dst) > 1 || len(dst) == 1 && (dst[0].Worker != id || dst[0].Blocks < 1 || dst[0].Blocks > len(q)) {
+			if len(dst) > 1 || len(dst) == 1 && (dst[0].Worker != id || !validScore(dst[0], len(q))) {
 				t.Errorf("worker %d's private chain %v answered %v", id, q, dst)
 				return
 			}
@@ -103,7 +131,7 @@ func (r *reader) run(t *testing.T, seed uint64) {
 		n := WorkerID(r.nextID.Load())
 		clear(seen)
 		for _, s := range dst {
-			if s.Worker >= n || seen[s.Worker] || s.Blocks < 1 || s.Blocks > len(q) {
+			if s.Worker >= n || seen[s.Worker] || !validScore(s, len(q)) {
 				t.Errorf("shared %v answered %v (workers below %d exist)", q, dst, n)
 				return
 			}
@@ -116,114 +144,172 @@ func (r *reader) run(t *testing.T, seed uint64) {
 // workers, well over 64 workers live and hundreds churned through, on a table
 // so small that it is rebuilt and widened all along, while readers query it
 // concurrently. On the writer's goroutine every answer must equal the
-// Tree's; the readers check what must hold mid-batch.
+// Tree's; the readers check what must hold mid-batch. Tiered, the ops act
+// on random tiers (OpClearTier too), private chains are spread over tiers,
+// and the stable worker also keeps host copies, so every lower tier's table
+// is rebuilt, widened and re-generationed under the readers.
 func TestTableAgainstTreeWithConcurrentReaders(t *testing.T) {
-	for seed := range uint64(4) {
-		rng := rand.New(rand.NewPCG(seed, 7))
-		w, ref := newWriter(8), NewTree()
-		const stable = WorkerID(0)
-		for _, k := range stableKeys() {
-			w.Store(stable, k)
-			ref.Store(stable, k)
-		}
-		var nextID atomic.Uint32
-		nextID.Store(1)
-		live := []WorkerID{}
-		plen := map[WorkerID]int{} // how much of its private chain each worker holds
-		maxLive := 0
-		newWorker := func() {
-			id := WorkerID(nextID.Add(1) - 1) // counted before the writer sees it
-			live = append(live, id)
-			maxLive = max(maxLive, len(live))
-		}
-		for range 100 {
-			newWorker()
-		}
+	for _, tiered := range []bool{false, true} {
+		name := map[bool]string{false: "device", true: "tiered"}[tiered]
+		t.Run(name, func(t *testing.T) {
+			for seed := range uint64(4) {
+				tableAgainstTree(t, seed, tiered)
+			}
+		})
+	}
+}
 
-		r := &reader{find: w.FindMatches, stable: stable, nextID: &nextID, stop: make(chan struct{}),
-			private: func(id WorkerID) bool { return id != stable }}
-		var wg sync.WaitGroup
-		for i := range 2 {
-			wg.Go(func() { r.run(t, seed*10+uint64(i)) })
+func tableAgainstTree(t *testing.T, seed uint64, tiered bool) {
+	rng := rand.New(rand.NewPCG(seed, 7))
+	tier := func() Tier {
+		if tiered {
+			return randomTier(rng)
 		}
+		return TierDevice
+	}
+	w, ref := newWriter(8), NewTree()
+	const stable = WorkerID(0)
+	for i, k := range stableKeys() {
+		w.Store(stable, k)
+		ref.Store(stable, k)
+		if tiered && i%2 == 0 { // a host copy changes nothing: the device has them all
+			w.StoreTier(stable, TierHost, k)
+			ref.StoreTier(stable, TierHost, k)
+		}
+	}
+	var nextID atomic.Uint32
+	nextID.Store(1)
+	live := []WorkerID{}
+	private := map[WorkerID][]Tier{} // the tier of each block of its private chain each worker holds
+	maxLive := 0
+	newWorker := func() {
+		id := WorkerID(nextID.Add(1) - 1) // counted before the writer sees it
+		live = append(live, id)
+		maxLive = max(maxLive, len(live))
+	}
+	for range 100 {
+		newWorker()
+	}
 
-		var q []uint64
-		for step := range 6000 {
-			id := live[rng.IntN(len(live))]
-			switch x := rng.IntN(100); {
-			case x < 45:
-				k := rng.Uint64N(40)
-				w.Store(id, k)
-				ref.Store(id, k)
-			case x < 70:
-				k := rng.Uint64N(40)
-				w.Remove(id, k)
-				ref.Remove(id, k)
-			case x < 82:
-				if n := plen[id]; n < 12 {
-					w.Store(id, privateKey(id, n))
-					ref.Store(id, privateKey(id, n))
-					plen[id]++
-				}
-			case x < 87:
-				if n := plen[id]; n > 0 {
-					w.Remove(id, privateKey(id, n-1))
-					ref.Remove(id, privateKey(id, n-1))
-					plen[id]--
-				}
-			case x < 89:
-				w.ClearWorker(id)
-				ref.ClearWorker(id)
-				plen[id] = 0
-			case x < 95:
-				w.RemoveWorker(id)
-				ref.RemoveWorker(id)
-				delete(plen, id)
-				live = slices.DeleteFunc(live, func(x WorkerID) bool { return x == id })
-				if len(live) == 0 {
-					newWorker()
-				}
-			default:
-				if len(live) < 150 {
-					newWorker()
-				}
+	r := &reader{find: w.FindMatches, stable: stable, nextID: &nextID, stop: make(chan struct{}),
+		private: func(id WorkerID) bool { return id != stable }}
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wg.Go(func() { r.run(t, seed*10+uint64(i)) })
+	}
+
+	var q []uint64
+	for step := range 6000 {
+		id := live[rng.IntN(len(live))]
+		switch x := rng.IntN(100); {
+		case x < 45:
+			k, tr := rng.Uint64N(40), tier()
+			w.StoreTier(id, tr, k)
+			ref.StoreTier(id, tr, k)
+		case x < 70:
+			k, tr := rng.Uint64N(40), tier()
+			w.RemoveTier(id, tr, k)
+			ref.RemoveTier(id, tr, k)
+		case x < 82:
+			if n := len(private[id]); n < 12 {
+				tr := tier()
+				w.StoreTier(id, tr, privateKey(id, n))
+				ref.StoreTier(id, tr, privateKey(id, n))
+				private[id] = append(private[id], tr)
 			}
-			if step%100 == 0 {
-				r.overlap()
+		case x < 87:
+			if n := len(private[id]); n > 0 {
+				tr := private[id][n-1]
+				w.RemoveTier(id, tr, privateKey(id, n-1))
+				ref.RemoveTier(id, tr, privateKey(id, n-1))
+				private[id] = private[id][:n-1]
 			}
-			if step%20 != 0 {
-				continue
-			}
-			for range 4 {
-				q = sharedQuery(rng, q[:0])
-				if rng.IntN(3) == 0 {
-					id := live[rng.IntN(len(live))]
-					q = q[:0]
-					for i := range 1 + rng.IntN(12) {
-						q = append(q, privateKey(id, i))
+		case x < 89:
+			if tr := tier(); tiered && rng.IntN(2) == 0 {
+				w.ClearTier(id, tr)
+				ref.ClearTier(id, tr)
+				private[id] = private[id][:0] // a hole in the chain: stop extending it
+				for i := range 12 {
+					w.RemoveTier(id, TierDevice, privateKey(id, i)) // and drop it all (mostly unknown removes)
+					ref.RemoveTier(id, TierDevice, privateKey(id, i))
+					for lt := TierHost; lt < NumTiers; lt++ {
+						w.RemoveTier(id, lt, privateKey(id, i))
+						ref.RemoveTier(id, lt, privateKey(id, i))
 					}
 				}
-				got, want := sortScores(w.FindMatches(nil, q)), sortScores(ref.FindMatches(nil, q))
-				if !slices.Equal(got, want) {
-					t.Fatalf("seed %d step %d: FindMatches(%v) = %v, tree says %v", seed, step, q, got, want)
+				break
+			}
+			w.ClearWorker(id)
+			ref.ClearWorker(id)
+			delete(private, id)
+		case x < 95:
+			w.RemoveWorker(id)
+			ref.RemoveWorker(id)
+			delete(private, id)
+			live = slices.DeleteFunc(live, func(x WorkerID) bool { return x == id })
+			if len(live) == 0 {
+				newWorker()
+			}
+		default:
+			if len(live) < 150 {
+				newWorker()
+			}
+		}
+		if step%100 == 0 {
+			r.overlap()
+		}
+		if step%20 != 0 {
+			continue
+		}
+		for range 4 {
+			q = sharedQuery(rng, q[:0])
+			if rng.IntN(3) == 0 {
+				id := live[rng.IntN(len(live))]
+				q = q[:0]
+				for i := range 1 + rng.IntN(12) {
+					q = append(q, privateKey(id, i))
 				}
 			}
-			if w.Nodes() != ref.Nodes() || w.unknownRemoves != ref.UnknownRemoves {
-				t.Fatalf("seed %d step %d: nodes %d, unknown removes %d; tree %d and %d",
-					seed, step, w.Nodes(), w.unknownRemoves, ref.Nodes(), ref.UnknownRemoves)
+			got, want := sortScores(w.FindMatches(nil, q)), sortScores(ref.FindMatches(nil, q))
+			if !slices.Equal(got, want) {
+				t.Fatalf("seed %d step %d: FindMatches(%v) = %v, tree says %v", seed, step, q, got, want)
+			}
+			for _, s := range got {
+				if !validScore(s, len(q)) {
+					t.Fatalf("seed %d step %d: FindMatches(%v) scored %v", seed, step, q, s)
+				}
 			}
 		}
-		close(r.stop)
-		wg.Wait()
-		if r.reads.Load() == 0 {
-			t.Fatal("the readers never ran")
+		for tr := range Tier(NumTiers) {
+			if w.TierNodes(tr) != ref.TierNodes(tr) {
+				t.Fatalf("seed %d step %d: %v nodes %d, tree %d", seed, step, tr, w.TierNodes(tr), ref.TierNodes(tr))
+			}
 		}
-		t.Logf("seed %d: %d reads, %d tables made, width %d", seed, r.reads.Load(), w.made, w.t.words)
-		// Wide enough for the most workers live at once, and no wider: freed
-		// slots were reused, though hundreds of ids went through.
-		words := w.t.words
-		if words < 2 || words*64 >= maxLive+1+64 || nextID.Load() < 300 {
-			t.Errorf("seed %d: %d bitset words for at most %d live workers of %d", seed, words, maxLive+1, nextID.Load())
+		if w.Nodes() != ref.Nodes() || w.unknownRemoves != ref.UnknownRemoves {
+			t.Fatalf("seed %d step %d: nodes %d, unknown removes %d; tree %d and %d",
+				seed, step, w.Nodes(), w.unknownRemoves, ref.Nodes(), ref.UnknownRemoves)
+		}
+	}
+	close(r.stop)
+	wg.Wait()
+	if r.reads.Load() == 0 {
+		t.Fatal("the readers never ran")
+	}
+	t.Logf("seed %d: %d reads, %d tables made, width %d, generation %d", seed, r.reads.Load(), w.made, w.t.words, w.gen)
+	// Wide enough for the most workers live at once, and no wider: freed
+	// slots were reused, though hundreds of ids went through.
+	words := w.t.words
+	if words < 2 || words*64 >= maxLive+1+64 || nextID.Load() < 300 {
+		t.Errorf("seed %d: %d bitset words for at most %d live workers of %d", seed, words, maxLive+1, nextID.Load())
+	}
+	for i := range w.lower {
+		x := w.lower[i].Load()
+		if tiered != (x != nil) {
+			t.Errorf("seed %d: tier %v's table made: %v", seed, Tier(i+1), x != nil)
+		}
+		if x != nil && (x.t.words != words || x.t.gen != w.t.gen) {
+			t.Errorf("seed %d: tier %v's table: width %d generation %d, the device's %d and %d",
+				seed, Tier(i+1), x.t.words, x.t.gen, words, w.t.gen)
 		}
 	}
 }
@@ -260,7 +346,7 @@ func TestPinnedVersionIsNeitherRecycledNorRemapped(t *testing.T) {
 			t.Fatal("a pinned version was recycled and published again")
 		}
 	}
-	if got := old.match(nil, []uint64{1000 + 7}); !slices.Equal(got, []Score{{7, 1}}) {
+	if got := old.match(nil, []uint64{1000 + 7}); !slices.Equal(got, []Score{dev(7, 1)}) {
 		t.Fatalf("the pinned version now answers %v for worker 7's block", got)
 	}
 	unpin(old)
@@ -271,7 +357,7 @@ func TestPinnedVersionIsNeitherRecycledNorRemapped(t *testing.T) {
 	if w.made != made {
 		t.Errorf("steady churn allocated %d tables", w.made-made)
 	}
-	if got := w.FindMatches(nil, []uint64{7}); !slices.Equal(got, []Score{{100, 1}}) {
+	if got := w.FindMatches(nil, []uint64{7}); !slices.Equal(got, []Score{dev(100, 1)}) {
 		t.Errorf("worker 100's block answered %v", got)
 	}
 }
@@ -311,7 +397,7 @@ func TestWarmWriterAndReaderAllocateNothing(t *testing.T) {
 	if a := testing.AllocsPerRun(100, func() { dst = w.FindMatches(dst[:0], keys) }); a != 0 {
 		t.Errorf("FindMatches allocated %v times", a)
 	}
-	if !slices.Equal(dst, []Score{{1, 10}}) {
+	if !slices.Equal(dst, []Score{dev(1, 10)}) {
 		t.Errorf("FindMatches = %v, want [{1 10}]", dst)
 	}
 }
@@ -335,7 +421,7 @@ func TestShardsFindMatchesSortedWithoutAllocating(t *testing.T) {
 	if a := testing.AllocsPerRun(100, func() { dst, _ = s.FindMatches(ctx, dst[:0], keys) }); a != 0 {
 		t.Errorf("FindMatches allocated %v times", a)
 	}
-	want := []Score{{0, 1}, {1, 2}, {2, 3}, {3, 4}, {4, 5}, {5, 6}, {6, 6}, {7, 6}, {8, 6}}
+	want := []Score{dev(0, 1), dev(1, 2), dev(2, 3), dev(3, 4), dev(4, 5), dev(5, 6), dev(6, 6), dev(7, 6), dev(8, 6)}
 	if !slices.Equal(dst, want) {
 		t.Errorf("FindMatches = %v, want %v", dst, want)
 	}
@@ -355,7 +441,8 @@ func TestShardsFindMatchesSortedWithoutAllocating(t *testing.T) {
 
 // Through the shard goroutines: more than 64 workers per shard, workers
 // removed and new ones added (ids never reused, as the supervisor does),
-// readers asking all along. After each Sync the answers equal the Tree's.
+// ops on random tiers, readers asking all along. After each Sync the
+// answers and each tier's node counts equal the Tree's.
 func TestShardsWorkerChurnAgainstTree(t *testing.T) {
 	const n = 2
 	rng := rand.New(rand.NewPCG(3, 4))
@@ -365,16 +452,7 @@ func TestShardsWorkerChurnAgainstTree(t *testing.T) {
 	keys := stableKeys()
 	send := func(b *Batch) {
 		for _, op := range b.Ops {
-			switch op.Kind {
-			case OpStore:
-				ref.Store(b.Worker, op.Hash)
-			case OpRemove:
-				ref.Remove(b.Worker, op.Hash)
-			case OpClearWorker:
-				ref.ClearWorker(b.Worker)
-			case OpRemoveWorker:
-				ref.RemoveWorker(b.Worker)
-			}
+			ref.Apply(b.Worker, op)
 		}
 		s.Queue(b.Worker) <- b
 	}
@@ -412,11 +490,13 @@ func TestShardsWorkerChurnAgainstTree(t *testing.T) {
 			id := live[rng.IntN(len(live))]
 			b := &Batch{Worker: id}
 			for range rng.IntN(10) {
-				switch x := rng.IntN(20); {
-				case x < 12:
-					b.Ops = append(b.Ops, Op{Kind: OpStore, Hash: rng.Uint64N(40)})
-				case x < 19:
-					b.Ops = append(b.Ops, Op{Kind: OpRemove, Hash: rng.Uint64N(40)})
+				switch x := rng.IntN(40); {
+				case x < 24:
+					b.Ops = append(b.Ops, Op{Kind: OpStore, Tier: randomTier(rng), Hash: rng.Uint64N(40)})
+				case x < 38:
+					b.Ops = append(b.Ops, Op{Kind: OpRemove, Tier: randomTier(rng), Hash: rng.Uint64N(40)})
+				case x < 39:
+					b.Ops = append(b.Ops, Op{Kind: OpClearTier, Tier: randomTier(rng)})
 				default:
 					b.Ops = append(b.Ops, Op{Kind: OpClearWorker})
 				}
@@ -448,8 +528,17 @@ func TestShardsWorkerChurnAgainstTree(t *testing.T) {
 		for i := range n {
 			nodes += s.Nodes(i)
 		}
-		if want := perShardNodes(ref, n); nodes != want {
+		if want := perShardNodes(ref, n, TierDevice); nodes != want {
 			t.Fatalf("round %d: nodes %d, tree says %d", round, nodes, want)
+		}
+		for tier := range Tier(NumTiers) {
+			var nodes int64
+			for i := range n {
+				nodes += s.TierNodes(i, tier)
+			}
+			if want := perShardNodes(ref, n, tier); nodes != want {
+				t.Fatalf("round %d: %v nodes %d, tree says %d", round, tier, nodes, want)
+			}
 		}
 	}
 	close(r.stop)
@@ -463,10 +552,10 @@ func TestShardsWorkerChurnAgainstTree(t *testing.T) {
 	}
 }
 
-// perShardNodes is how many (shard, block) pairs some worker holds: a block
-// two shards' workers hold is a node on each.
-func perShardNodes(t *Tree, n int) (total int64) {
-	for _, nd := range t.nodes {
+// perShardNodes is how many (shard, block) pairs some worker holds in tier:
+// a block two shards' workers hold is a node on each.
+func perShardNodes(t *Tree, n int, tier Tier) (total int64) {
+	for _, nd := range t.tiers[tier].nodes {
 		var on [64]bool
 		for _, w := range nd.workers {
 			on[int(w)%n] = true

@@ -4,6 +4,7 @@ import (
 	"strconv"
 
 	"github.com/kvpipe/kvpipe/actor"
+	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/wire"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -62,9 +63,9 @@ func newDesc(name, help string, typ prometheus.ValueType, labels ...string) desc
 
 // Collector turns snapshots into metrics.
 type Collector struct {
-	snapshot                                                                            func() Snapshot
-	counters                                                                            []workerMetric
-	events, filtered, protocol, indexed, partial, connected, queue, nodes, shardUnknown desc
+	snapshot                                                                                   func() Snapshot
+	counters                                                                                   []workerMetric
+	events, filtered, protocol, indexed, tiers, partial, connected, queue, nodes, shardUnknown desc
 }
 
 type workerMetric struct {
@@ -103,13 +104,14 @@ func NewCollector(snapshot func() Snapshot) *Collector {
 	counter("token_mismatch_total", "BlockStored events whose tokens did not cover their blocks.", func(w *Worker) uint64 { return w.Actor.TokenMismatch })
 	counter("unknown_parent_total", "BlockStored events whose parent the worker never told of; left out of the index.", func(w *Worker) uint64 { return w.Actor.UnknownParent })
 	counter("unknown_removes_total", "Removed blocks the worker was not known to hold.", func(w *Worker) uint64 { return w.Actor.UnknownRemove })
-	counter("block_size_warnings_total", "Blocks of another size than the router's, before any full block.", func(w *Worker) uint64 { return w.Actor.SizeWarnings })
+	counter("block_size_warnings_total", "Blocks smaller than the router's before any full block; indexed at their own size.", func(w *Worker) uint64 { return w.Actor.SizeWarnings })
 	counter("dropped_batches_total", "Batches dropped because the shard was behind (Drop backpressure).", func(w *Worker) uint64 { return w.Actor.DroppedBatches })
 	counter("worker_restarts_total", "Worker goroutines restarted after a panic.", func(w *Worker) uint64 { return w.Restarts })
 	c.events = newDesc("events_received_total", "Events received, by type.", prometheus.CounterValue, "worker", "type")
 	c.filtered = newDesc("filtered_events_total", "Events not indexed, by reason.", prometheus.CounterValue, "worker", "reason")
 	c.protocol = newDesc("protocol_errors_total", "Connections closed because the peer broke ZMTP or the message size limit, by kind.", prometheus.CounterValue, "worker", "kind")
-	c.indexed = newDesc("indexed_blocks", "Blocks the worker holds in the index.", prometheus.GaugeValue, "worker")
+	c.indexed = newDesc("indexed_blocks", "Blocks the worker holds on device in the index.", prometheus.GaugeValue, "worker")
+	c.tiers = newDesc("tier_blocks", "Blocks the worker holds in the index, by tier (device, host, disk, remote).", prometheus.GaugeValue, "worker", "tier")
 	c.partial = newDesc("partial", "1 while the worker's entries may lack blocks its engine holds (after a resync, or a late start).", prometheus.GaugeValue, "worker")
 	c.connected = newDesc("connected", "1 while the worker's SUB socket is connected.", prometheus.GaugeValue, "worker")
 	c.queue = newDesc("shard_queue_depth", "Batches waiting at a shard.", prometheus.GaugeValue, "shard")
@@ -119,7 +121,7 @@ func NewCollector(snapshot func() Snapshot) *Collector {
 }
 
 func (c *Collector) all() []desc {
-	out := []desc{c.events, c.filtered, c.protocol, c.indexed, c.partial, c.connected, c.queue, c.nodes, c.shardUnknown}
+	out := []desc{c.events, c.filtered, c.protocol, c.indexed, c.tiers, c.partial, c.connected, c.queue, c.nodes, c.shardUnknown}
 	for _, m := range c.counters {
 		out = append(out, m.desc)
 	}
@@ -154,6 +156,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			emit(c.protocol, float64(w.Wire.ProtocolErrors[k]), w.Name, name)
 		}
 		emit(c.indexed, float64(w.Actor.IndexedBlocks), w.Name)
+		for t, n := range w.Actor.TierBlocks {
+			emit(c.tiers, float64(n), w.Name, index.Tier(t).String())
+		}
 		emit(c.partial, gauge(w.Actor.Partial), w.Name)
 		emit(c.connected, gauge(w.Wire.Connected), w.Name)
 	}

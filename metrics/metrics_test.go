@@ -37,7 +37,7 @@ kvpipe_batches_lost_total{worker="w0"} 1
 # HELP kvpipe_worker_restarts_total Worker goroutines restarted after a panic.
 # TYPE kvpipe_worker_restarts_total counter
 kvpipe_worker_restarts_total{worker="w0"} 2
-# HELP kvpipe_indexed_blocks Blocks the worker holds in the index.
+# HELP kvpipe_indexed_blocks Blocks the worker holds on device in the index.
 # TYPE kvpipe_indexed_blocks gauge
 kvpipe_indexed_blocks{worker="w0"} 12
 # HELP kvpipe_connected 1 while the worker's SUB socket is connected.

@@ -30,6 +30,11 @@ type Config struct {
 	// filled), so a stalled shard holds at most 4 KiB per batch per worker.
 	ShardQueue   int
 	Backpressure Backpressure // when a shard is behind: Block (default) or Drop
+	// TierWeights weigh a match's blocks by the tier holding them
+	// (Match.Score). A tier weighted 0 is not indexed at all: its events
+	// are filtered as lower_tier. The zero value means index.DefaultWeights
+	// (device 1, host 0.8, disk 0.5, remote 0.3).
+	TierWeights index.Weights
 	// Subscriber tunes every worker's subscriber (timeouts, backoff, replay
 	// buffer, limits); the zero value holds the defaults.
 	Subscriber wire.Options
@@ -70,7 +75,14 @@ type WorkerConfig struct {
 // Match is one worker's overlap with a request: its leading blocks cached.
 type Match struct {
 	Worker string
-	Blocks int
+	Blocks int // leading blocks on device
+	// Tiers[t] is how many leading blocks the worker holds each in tier t or
+	// a faster one: Tiers[TierDevice] is Blocks, Tiers[TierRemote] is how
+	// far the prefix reaches in any tier.
+	Tiers [index.NumTiers]int
+	// Score weighs those blocks by the slowest tier each needed
+	// (Config.TierWeights): a prefix wholly on device scores its length.
+	Score float64
 	// Partial: the worker's entries may lack blocks its engine holds (it
 	// was resynced, or kvpipe joined its stream late), so Blocks may be low;
 	// a router may weigh it. It clears once the worker's history is whole
@@ -150,6 +162,14 @@ func New(cfg Config) (*Pipeline, error) {
 		return nil, fmt.Errorf("kvpipe: ShardQueue must not be negative, got %d", cfg.ShardQueue)
 	case cfg.Backpressure != Block && cfg.Backpressure != Drop:
 		return nil, fmt.Errorf("kvpipe: unknown Backpressure %d", cfg.Backpressure)
+	}
+	if cfg.TierWeights == (index.Weights{}) {
+		cfg.TierWeights = index.DefaultWeights
+	}
+	for t, w := range cfg.TierWeights {
+		if w < 0 || w != w || t == int(index.TierDevice) && w == 0 {
+			return nil, fmt.Errorf("kvpipe: TierWeights[%s] = %v: weights must not be negative, and device's must be positive", index.Tier(t), w)
+		}
 	}
 	if cfg.Shards == 0 {
 		cfg.Shards = 2
@@ -274,11 +294,24 @@ func (p *Pipeline) RemoveWorker(ctx context.Context, name string) error {
 	}
 }
 
-// FindMatches hashes a request's tokens into router blocks and returns, for
-// every worker holding its first block, how many leading blocks it holds.
+// Request describes a request for FindMatchesRequest: its tokens, and the
+// adapter, salt and multimodal inputs that make its blocks distinct.
+type Request = index.Request
+
+// FindMatches hashes a base-model request's tokens into router blocks and
+// returns, for every worker holding its first block, how many leading
+// blocks it holds.
 func (p *Pipeline) FindMatches(ctx context.Context, tokens []uint32) ([]Match, error) {
 	var h index.Hasher
 	return p.FindMatchesKeys(ctx, h.Prompt(nil, tokens, p.cfg.BlockSize))
+}
+
+// FindMatchesRequest is FindMatches for a request on an adapter, with a
+// cache salt, or with multimodal inputs: its keys are those the engines'
+// blocks of that request get, and no other request's.
+func (p *Pipeline) FindMatchesRequest(ctx context.Context, r *Request) ([]Match, error) {
+	var h index.Hasher
+	return p.FindMatchesKeys(ctx, h.RequestKeys(nil, r, p.cfg.BlockSize))
 }
 
 // FindMatchesKeys is FindMatches for keys already hashed with index.Hasher.
@@ -319,7 +352,8 @@ func (p *Pipeline) AppendMatches(ctx context.Context, dst []Match, keys []uint64
 	for _, sc := range scores {
 		if w, ok := names[sc.Worker]; ok { // a worker removed meanwhile is left out
 			a := w.actor.Load()
-			dst = append(dst, Match{Worker: w.name, Blocks: sc.Blocks, Partial: a != nil && a.Partial()})
+			dst = append(dst, Match{Worker: w.name, Blocks: sc.Blocks, Tiers: sc.Tiers, Score: sc.Weighted(p.cfg.TierWeights),
+				Partial: a != nil && a.Partial()})
 		}
 	}
 	return dst, nil
@@ -468,7 +502,8 @@ func (p *Pipeline) start(w *worker) {
 	ctx, cancel := context.WithCancel(p.workerCtx)
 	w.cancel, w.done = cancel, make(chan struct{})
 	w.actor.Store(actor.New(actor.Config{Worker: w.id, Name: w.name, BlockSize: p.cfg.BlockSize,
-		Shard: p.shards.Load().Queue(w.id), Backpressure: p.cfg.Backpressure, Done: ctx.Done(), Logger: p.cfg.Logger}))
+		Shard: p.shards.Load().Queue(w.id), Backpressure: p.cfg.Backpressure, Weights: p.cfg.TierWeights, Done: ctx.Done(),
+		Logger: p.cfg.Logger}))
 	p.group.Go(func() error {
 		defer close(w.done)
 		p.supervise(ctx, w)

@@ -240,8 +240,10 @@ func TestMetricsScrape(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "connected", func() { e.parent = 0; e.store(prompt(1, 2), 16) }, func() bool { return scores(t, p, prompt(1, 2))["engine-0"] == 2 })
-	e.store(prompt(2, 1)[:4], 4)                                                               // a partial tail: filtered
-	e.store(prompt(3, 1), 16, func(ev *codec.Event) { ev.Medium = "CPU" })                     // lower tier
+	e.store(prompt(2, 1)[:4], 4)                                            // a partial tail: filtered
+	e.store(prompt(3, 1), 16, func(ev *codec.Event) { ev.Medium = "TAPE" }) // unknown medium
+	e.parent = 0
+	e.store(prompt(5, 1), 16, func(ev *codec.Event) { ev.Medium = "CPU" })                     // host tier
 	e.store(prompt(4, 1), 16, func(ev *codec.Event) { ev.GroupIdx, ev.HasGroupIdx = 5, true }) // unlearned group
 	e.pub.Publish([]byte{0xc1})                                                                // garbage
 	eventually(t, "the filters counted", nil, func() bool {
@@ -286,7 +288,9 @@ func TestMetricsScrape(t *testing.T) {
 		max    float64
 	}{
 		{"kvpipe_filtered_events_total", []string{"worker", "engine-0", "reason", "partial_block"}, 1, 1},
-		{"kvpipe_filtered_events_total", []string{"worker", "engine-0", "reason", "lower_tier"}, 1, 1},
+		{"kvpipe_filtered_events_total", []string{"worker", "engine-0", "reason", "unknown_medium"}, 1, 1},
+		{"kvpipe_filtered_events_total", []string{"worker", "engine-0", "reason", "lower_tier"}, 0, 0},
+		{"kvpipe_tier_blocks", []string{"worker", "engine-0", "tier", "host"}, 1, 1},
 		{"kvpipe_filtered_events_total", []string{"worker", "engine-0", "reason", "unlearned_group"}, 1, 1},
 		{"kvpipe_filtered_events_total", []string{"worker", "engine-0", "reason", "non_main_attention"}, 0, 0},
 		{"kvpipe_decode_errors_total", []string{"worker", "engine-0"}, 1, 1},

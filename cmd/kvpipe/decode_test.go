@@ -13,7 +13,8 @@ import (
 
 func TestDecodePrintsEveryGoldenVector(t *testing.T) {
 	wantEvents := map[string]int{"vllm_map.hex": 2, "vllm_array_v025.hex": 2, "sglang_signed.hex": 1, "vllm_bin_map_batch.hex": 1,
-		"vllm_array_12_slots.hex": 1, "vllm_array_removed.hex": 4, "sglang_cache_salt.hex": 2}
+		"vllm_array_12_slots.hex": 1, "vllm_array_removed.hex": 4, "sglang_cache_salt.hex": 2, "sglang_array_salt.hex": 1,
+		"sglang_map_salt.hex": 1, "vllm_extra_keys_wide.hex": 1, "vllm_tuple_extra_keys.hex": 1, "vllm_typed_extra_keys.hex": 1}
 	files, _ := filepath.Glob("../../codec/testdata/golden/*.hex")
 	if len(files) != len(wantEvents) {
 		t.Fatalf("found %d golden files, want %d", len(files), len(wantEvents))

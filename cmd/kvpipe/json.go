@@ -50,6 +50,7 @@ func appendEventJSON(dst []byte, e *codec.Event) []byte {
 	dst = appendOptString(dst, "medium", e.Medium)
 	if e.Type == codec.BlockStored {
 		dst = appendOptString(dst, "lora_name", e.LoraName)
+		dst = appendOptString(dst, "cache_salt", e.CacheSalt)
 		dst = append(dst, `,"extra_keys":`...)
 		if e.ExtraKeys == nil {
 			dst = append(dst, "null"...)

@@ -1,10 +1,13 @@
 // Command replay is a router in miniature. It starts simulated engines (real
 // ZMQ publishers with replay sockets on loopback) and replays the Mooncake
 // request trace through them: each request goes to the worker kvpipe's
-// FindMatches and the load say is cheapest, that engine's LRU block cache
-// stores and evicts blocks and publishes the KV events, and the kvpipe
-// Pipeline ingests them. At the end it compares the prefix-hit rate of that
-// routing with random routing of the same requests.
+// FindMatchesRequest and the load say is cheapest, that engine's LRU block
+// cache stores and evicts blocks and publishes the KV events, and the kvpipe
+// Pipeline ingests them. The engines behave as real ones do: partial tail
+// blocks, a sliding-window group beside the full-attention one, CPU offload
+// of evicted blocks, and some conversations on LoRA adapters (each can be
+// switched off). At the end it compares the prefix-hit rate of that routing,
+// per tier, with random routing of the same requests.
 //
 //	go run ./examples/replay [--workers 4] [--speedup 100] [--capacity 30000] [--metrics :9090]
 package main
@@ -39,6 +42,27 @@ type options struct {
 	speedup                                        float64
 	tracePath, metricsAddr                         string
 	progress                                       time.Duration
+	// How real the engines are.
+	partialTails, lora        bool
+	slidingWindow, hostBlocks int
+}
+
+// engineOptions are the simulated engines' behaviours o asks for.
+func (o options) engineOptions() []sim.Option {
+	var opts []sim.Option
+	if o.partialTails {
+		opts = append(opts, sim.WithPartialTails())
+	}
+	if o.slidingWindow > 0 {
+		opts = append(opts, sim.WithSlidingWindow(o.slidingWindow))
+	}
+	if o.hostBlocks > 0 {
+		opts = append(opts, sim.WithCPUOffload(o.hostBlocks))
+	}
+	if o.lora {
+		opts = append(opts, sim.WithLoRA())
+	}
+	return opts
 }
 
 func main() {
@@ -52,6 +76,10 @@ func main() {
 	flag.StringVar(&o.tracePath, "trace", "", "the trace (default: ../shared/traces/mooncake_conversation_trace.jsonl, else a synthetic one)")
 	flag.StringVar(&o.metricsAddr, "metrics", "", "serve Prometheus /metrics on this address, e.g. :9090")
 	flag.DurationVar(&o.progress, "progress", time.Second, "progress line interval")
+	flag.BoolVar(&o.partialTails, "partial-tails", true, "engines publish each prompt's partial last block, as vLLM with a hash unit below its block size does")
+	flag.IntVar(&o.slidingWindow, "sliding-window", 4096, "engines run a hybrid model whose second group is a sliding window of this many tokens (0: none)")
+	flag.IntVar(&o.hostBlocks, "host-capacity", 100_000, "blocks each engine's CPU offload tier holds (0: no offload)")
+	flag.BoolVar(&o.lora, "lora", true, "some conversations run on LoRA adapters")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -66,10 +94,27 @@ type engine struct {
 	name     string
 	cache    *sim.Engine
 	pub      *wiretest.Publisher
-	requests chan *sim.Request
+	requests chan job
 	done     chan struct{}
 	// Read after done is closed.
-	hitBlocks, blocks int
+	hits             hits
+	base, onAdapters claims
+}
+
+// hits counts a routing's prefix hits in blocks.
+type hits struct {
+	device, host, blocks int
+}
+
+func (h *hits) add(r sim.Result) {
+	h.device += r.DeviceHits
+	h.host += r.HostHits
+	h.blocks += r.Blocks
+}
+
+func (h hits) String() string {
+	pct := func(n int) float64 { return 100 * float64(n) / float64(max(h.blocks, 1)) }
+	return fmt.Sprintf("%.1f%% (device %.1f%%, host %.1f%%)", pct(h.device+h.host), pct(h.device), pct(h.host))
 }
 
 func (e *engine) serve() {
@@ -77,12 +122,17 @@ func (e *engine) serve() {
 	var events []codec.Event
 	var tokens []uint32
 	var payload []byte
-	for r := range e.requests {
-		tokens = sim.PromptTokens(tokens[:0], r)
-		var hit int
-		events, hit = e.cache.Serve(events[:0], r, tokens)
-		e.hitBlocks += hit
-		e.blocks += len(tokens) / e.cache.BlockSize
+	for j := range e.requests {
+		r := j.r
+		tokens = sim.InputTokens(tokens[:0], r)
+		var res sim.Result
+		events, res = e.cache.ServeResult(events[:0], r, tokens)
+		e.hits.add(res)
+		if e.cache.Options().LoRA && r.Lora != "" {
+			e.onAdapters.add(j, res.DeviceHits)
+		} else {
+			e.base.add(j, res.DeviceHits)
+		}
 		if len(events) > 0 {
 			// The publisher keeps the payload for replay: a fresh one each time.
 			payload = codec.AppendBatch(nil, &codec.Batch{TS: float64(r.TimestampMs) / 1000, Events: events}, codec.CurrentVLLM)
@@ -141,8 +191,8 @@ func run(ctx context.Context, o options, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		e := &engine{name: fmt.Sprintf("engine-%d", i), cache: sim.NewEngine(o.blockSize, o.capacity), pub: pub,
-			requests: make(chan *sim.Request, 64), done: make(chan struct{})}
+		e := &engine{name: fmt.Sprintf("engine-%d", i), cache: sim.NewEngine(o.blockSize, o.capacity, o.engineOptions()...), pub: pub,
+			requests: make(chan job, 64), done: make(chan struct{})}
 		engines[i] = e
 		defer pub.Close()
 		if err := p.AddWorker(e.name, kvpipe.WorkerConfig{Endpoint: "tcp://" + pub.Addr(), ReplayEndpoint: "tcp://" + pub.ReplayAddr()}); err != nil {
@@ -198,15 +248,42 @@ func waitConnected(ctx context.Context, p *kvpipe.Pipeline, n int) error {
 	return errors.New("engines not connected within 10s")
 }
 
+// job is a request routed to an engine, with what kvpipe claimed the engine
+// holds of it on device, and (for a request on an adapter) what keys of the
+// tokens alone would have claimed.
+type job struct {
+	r              *sim.Request
+	claimed, plain int
+}
+
+// claims compares the router's claims with what the engine had when the
+// request reached it: blocks claimed beyond that were not there (late news
+// of an eviction, or a key that names the wrong blocks).
+type claims struct {
+	requests, claimed, over int
+	// across: blocks token-only keys would have credited on top, which the
+	// engine holds only under another adapter or the base model.
+	across int
+}
+
+func (c *claims) add(j job, held int) {
+	c.requests++
+	c.claimed += j.claimed
+	c.over += max(j.claimed-held, 0)
+	c.across += max(j.plain-j.claimed, 0)
+}
+
 // route sends each request, at its trace time, to the worker with the least
-// prefill work (blocks it does not hold, per FindMatches) plus queued work.
+// prefill work (blocks it does not hold, weighed by tier, per
+// FindMatchesRequest) plus queued work.
 func route(ctx context.Context, o options, reqs []sim.Request, p *kvpipe.Pipeline, engines []*engine, stderr io.Writer, start time.Time) int {
 	var h index.Hasher
 	load := make([]float64, len(engines)) // blocks of recent work, decaying
 	const tau = 5000.0                    // trace milliseconds for load to decay by e
 	var tokens []uint32
-	var keys []uint64
-	overlap := make([]int, len(engines))
+	var keys, plain []uint64
+	score := make([]float64, len(engines))
+	device := make([]int, len(engines))
 	lastTS := int64(0)
 	nextProgress := start.Add(o.progress)
 	byName := map[string]int{}
@@ -233,28 +310,49 @@ func route(ctx context.Context, o options, reqs []sim.Request, p *kvpipe.Pipelin
 		for w := range load {
 			load[w] *= decay
 		}
-		tokens = sim.PromptTokens(tokens[:0], r)
-		keys = h.Prompt(keys[:0], tokens, o.blockSize)
-		clear(overlap)
+		tokens = sim.InputTokens(tokens[:0], r)
+		req := kvpipe.Request{Tokens: tokens}
+		if o.lora {
+			req.Lora = r.Lora
+		}
+		keys = h.RequestKeys(keys[:0], &req, o.blockSize)
+		clear(score)
+		clear(device)
 		if matches, err := p.FindMatchesKeys(ctx, keys); err == nil {
 			for _, m := range matches {
-				overlap[byName[m.Worker]] = m.Blocks
+				score[byName[m.Worker]], device[byName[m.Worker]] = m.Score, m.Blocks
 			}
 		}
 		best, bestCost := 0, math.Inf(1)
 		for w := range engines {
-			if cost := float64(len(keys)-overlap[w]) + load[w]; cost < bestCost {
+			if cost := float64(len(keys)) - score[w] + load[w]; cost < bestCost {
 				best, bestCost = w, cost
 			}
 		}
-		load[best] += float64(len(keys) - overlap[best])
-		engines[best].requests <- r
+		load[best] += float64(len(keys)) - score[best]
+		j := job{r: r, claimed: device[best]}
+		if req.Lora != "" {
+			plain = h.Prompt(plain[:0], tokens, o.blockSize)
+			j.plain = blocksOf(ctx, p, engines[best].name, plain)
+		}
+		engines[best].requests <- j
 		if now := time.Now(); now.After(nextProgress) {
 			nextProgress = now.Add(o.progress)
 			progress(stderr, p, i+1, len(reqs), now.Sub(start))
 		}
 	}
 	return len(reqs)
+}
+
+// blocksOf is how many leading device blocks of keys FindMatches gives worker.
+func blocksOf(ctx context.Context, p *kvpipe.Pipeline, worker string, keys []uint64) int {
+	ms, _ := p.FindMatchesKeys(ctx, keys)
+	for _, m := range ms {
+		if m.Worker == worker {
+			return m.Blocks
+		}
+	}
+	return 0
 }
 
 func progress(w io.Writer, p *kvpipe.Pipeline, done, total int, elapsed time.Duration) {
@@ -281,43 +379,62 @@ func settle(p *kvpipe.Pipeline, engines []*engine) {
 	}
 }
 
-// randomHitRate replays the same requests on fresh engines routed at random.
-func randomHitRate(o options, reqs []sim.Request) float64 {
+// randomHits replays the same requests on fresh engines routed at random.
+func randomHits(o options, reqs []sim.Request) hits {
 	rng := rand.New(rand.NewPCG(1, 2))
 	caches := make([]*sim.Engine, o.workers)
 	for i := range caches {
-		caches[i] = sim.NewEngine(o.blockSize, o.capacity)
+		caches[i] = sim.NewEngine(o.blockSize, o.capacity, o.engineOptions()...)
 	}
-	var hit, total int
+	var h hits
 	var tokens []uint32
 	var events []codec.Event
 	for i := range reqs {
-		tokens = sim.PromptTokens(tokens[:0], &reqs[i])
-		var h int
-		events, h = caches[rng.IntN(len(caches))].Serve(events[:0], &reqs[i], tokens)
-		hit += h
-		total += len(tokens) / o.blockSize
+		tokens = sim.InputTokens(tokens[:0], &reqs[i])
+		var res sim.Result
+		events, res = caches[rng.IntN(len(caches))].ServeResult(events[:0], &reqs[i], tokens)
+		h.add(res)
 	}
-	return float64(hit) / float64(max(total, 1))
+	return h
 }
 
 func report(w io.Writer, o options, source string, reqs []sim.Request, engines []*engine, t kvpipe.WorkerStats, wall time.Duration) error {
-	var hit, blocks int
+	var routed hits
+	var base, onAdapters claims
 	for _, e := range engines {
-		hit += e.hitBlocks
-		blocks += e.blocks
+		routed.device += e.hits.device
+		routed.host += e.hits.host
+		routed.blocks += e.hits.blocks
+		for _, c := range []struct{ sum, of *claims }{{&base, &e.base}, {&onAdapters, &e.onAdapters}} {
+			c.sum.requests += c.of.requests
+			c.sum.claimed += c.of.claimed
+			c.sum.over += c.of.over
+			c.sum.across += c.of.across
+		}
 	}
 	a, ws := t.Actor, t.Wire
-	events, stored, indexed := a.Stored+a.Removed+a.Cleared, a.BlocksStored, a.IndexedBlocks
+	events, stored := a.Stored+a.Removed+a.Cleared, a.BlocksStored
 	lost, gaps, replayed, resyncs, batches := ws.Lost, ws.Gaps, ws.Replayed, a.Resyncs, ws.Batches
 	filtered := a.Filtered
-	fmt.Fprintf(w, "replay summary (%s, %d workers, capacity %d blocks of %d tokens)\n", source, o.workers, o.capacity, o.blockSize)
-	fmt.Fprintf(w, "  requests           %d in %s\n", len(reqs), wall.Round(time.Millisecond))
+	fmt.Fprintf(w, "replay summary (%s, %d workers, capacity %d blocks of %d tokens, host tier %d blocks)\n",
+		source, o.workers, o.capacity, o.blockSize, o.hostBlocks)
+	fmt.Fprintf(w, "  engines            partial tails %v, sliding window %d, LoRA %v\n", o.partialTails, o.slidingWindow, o.lora)
+	fmt.Fprintf(w, "  requests           %d in %s (%d on adapters)\n", len(reqs), wall.Round(time.Millisecond), onAdapters.requests)
 	fmt.Fprintf(w, "  events             %d in %d batches (%.0f events/s, %.0f blocks/s)\n", events, batches,
 		float64(events)/wall.Seconds(), float64(stored)/wall.Seconds())
-	fmt.Fprintf(w, "  blocks indexed     %d stored, %d held at the end\n", stored, indexed)
-	fmt.Fprintf(w, "  prefix-hit rate    kvpipe routing %.1f%%, random routing %.1f%%\n",
-		100*float64(hit)/float64(max(blocks, 1)), 100*randomHitRate(o, reqs))
+	fmt.Fprint(w, "  blocks held        ")
+	for tier, n := range a.TierBlocks {
+		fmt.Fprintf(w, " %s=%d", kvpipe.Tier(tier), n)
+	}
+	fmt.Fprintf(w, " (%d stored in all)\n", stored)
+	fmt.Fprintf(w, "  prefix-hit rate    kvpipe routing %s\n", routed)
+	fmt.Fprintf(w, "                     random routing %s\n", randomHits(o, reqs))
+	fmt.Fprintf(w, "  device claims      base model: %d blocks claimed, %d not held when served; adapters: %d claimed, %d not held\n",
+		base.claimed, base.over, onAdapters.claimed, onAdapters.over)
+	if onAdapters.requests > 0 {
+		fmt.Fprintf(w, "                     token-only keys would have credited %d more blocks, which the worker holds for the base model, not the adapter\n",
+			onAdapters.across)
+	}
 	fmt.Fprintf(w, "  gaps               %d (%d batches replayed, %d lost, %d resyncs)\n", gaps, replayed, lost, resyncs)
 	fmt.Fprint(w, "  filtered          ")
 	for r := range actor.NumReasons {

@@ -14,9 +14,14 @@ import (
 
 func TestMain(m *testing.M) { ztest.VerifyNoLeaks(m) }
 
+// The summary of a realistic replay shows every rule at work: partial
+// tails and the sliding-window group filtered, the host tier indexed and
+// hit, adapters' requests routed without claims across adapters.
 func TestReplaySummary(t *testing.T) {
 	var out strings.Builder
-	o := options{workers: 2, capacity: 20_000, blockSize: 16, requests: 300, shards: 2, progress: time.Hour}
+	// A small cache, so that blocks are evicted to the host tier and hit there.
+	o := options{workers: 2, capacity: 2_000, blockSize: 16, requests: 300, shards: 2, progress: time.Hour,
+		partialTails: true, slidingWindow: 4096, hostBlocks: 20_000, lora: true}
 	if err := run(context.Background(), o, &out, io.Discard); err != nil {
 		t.Fatal(err)
 	}
@@ -32,16 +37,41 @@ func TestReplaySummary(t *testing.T) {
 	if n := field(`requests\s+(\d+)`); n != 300 {
 		t.Errorf("requests = %v, want 300", n)
 	}
-	if n := field(`blocks indexed\s+(\d+) stored`); n == 0 {
+	if n := field(`\((\d+) on adapters\)`); n == 0 {
+		t.Error("no request on an adapter")
+	}
+	if n := field(`\((\d+) stored in all\)`); n == 0 {
 		t.Error("nothing indexed")
+	}
+	if n := field(`blocks held .*host=(\d+)`); n == 0 {
+		t.Error("nothing held in the host tier at the end")
 	}
 	if n := field(`(\d+) lost`); n != 0 {
 		t.Errorf("lost = %v on loopback with replay, want 0", n)
 	}
-	if kv := field(`kvpipe routing ([\d.]+)%`); kv <= 0 {
-		t.Errorf("kvpipe routing hit rate %v%%, want above 0", kv)
+	for _, reason := range []string{"partial_block", "non_main_attention"} {
+		if n := field(reason + `=(\d+)`); n == 0 {
+			t.Errorf("%s = 0: the engines' %s events were not filtered", reason, reason)
+		}
+	}
+	for _, reason := range []string{"lower_tier", "unknown_medium", "unlearned_group", "block_size"} {
+		if n := field(` ` + reason + `=(\d+)`); n != 0 {
+			t.Errorf("%s = %v, want 0: the engines send nothing of the kind", reason, n)
+		}
+	}
+	if kv := field(`kvpipe routing ([\d.]+)%`); kv == 0 {
+		t.Error("kvpipe routing hit nothing")
+	}
+	if host := field(`kvpipe routing [\d.]+% \(device [\d.]+%, host ([\d.]+)%`); host == 0 {
+		t.Error("no host-tier hit")
 	}
 	field(`random routing ([\d.]+)%`)
+	if n := field(`adapters: (\d+) claimed`); n == 0 {
+		t.Error("no device block claimed for a request on an adapter")
+	}
+	if n := field(`credited (\d+) more blocks`); n == 0 {
+		t.Error("token-only keys would credit nothing across adapters: the trace's adapters share no prefix with the base model, so the test proves nothing")
+	}
 }
 
 func TestReplayRejectsBadFlags(t *testing.T) {

@@ -19,6 +19,73 @@ type Request struct {
 	InputLength  int      `json:"input_length"`
 	OutputLength int      `json:"output_length"`
 	HashIDs      []uint64 `json:"hash_ids"`
+	// Lora is the LoRA adapter the request runs on, "" for the base model.
+	// LoadTrace assigns one (Adapter) unless the line names it; SyntheticTrace
+	// assigns one per conversation. Only an engine WithLoRA honours it.
+	Lora string `json:"lora,omitempty"`
+}
+
+// Adapters are the LoRA adapters the traces assign, about 1 conversation in
+// 8 each (so about 1 in 4 runs on an adapter).
+var Adapters = [...]string{"sql-lora", "chat-lora"}
+
+// LoraID is the integer id vLLM publishes (lora_id, its lora_int_id) for an
+// adapter: 1 + its index in Adapters, and for any other name a stable id
+// above them; 0 for the base model.
+func LoraID(name string) int64 {
+	if name == "" {
+		return 0
+	}
+	for i, a := range Adapters {
+		if a == name {
+			return int64(i + 1)
+		}
+	}
+	return int64(len(Adapters)+1) + int64(loraRoot(name)>>40)
+}
+
+// Adapter is the adapter the trace assigns to a conversation: it is decided
+// by the conversation's key, so every turn of a conversation gets the same.
+// The key is the request's second hash id when it has one (in the Mooncake
+// trace every request starts with the same system block, id 0, and the
+// second names the conversation), else its first.
+func Adapter(hashIDs []uint64) string {
+	switch len(hashIDs) {
+	case 0:
+		return ""
+	case 1:
+		return adapterOf(hashIDs[0])
+	}
+	return adapterOf(hashIDs[1])
+}
+
+// adapterOf is the adapter of the conversation of key k: 2 in 8 keys run on
+// one, the rest on the base model.
+func adapterOf(k uint64) string {
+	if i := fmix(k^0x4c6f5241) % 8; i < uint64(len(Adapters)) {
+		return Adapters[i]
+	}
+	return ""
+}
+
+// PromptLen is the prompt's length in tokens: InputLength when it fits the
+// request's trace blocks (more than all but the last, at most all), else
+// every token of its blocks.
+func PromptLen(r *Request) int {
+	n := len(r.HashIDs) * TraceBlockTokens
+	if r.InputLength > n-TraceBlockTokens && r.InputLength <= n {
+		return r.InputLength
+	}
+	return n
+}
+
+// InputTokens appends the PromptLen tokens of a request: PromptTokens cut
+// at the prompt's length, so its last block may be a prefix of its trace
+// block's tokens.
+func InputTokens(dst []uint32, r *Request) []uint32 {
+	start := len(dst)
+	dst = PromptTokens(dst, r)
+	return dst[:start+PromptLen(r)]
 }
 
 // TraceFile is where the trace lives, relative to the module root's parent.
@@ -60,6 +127,9 @@ func LoadTrace(path string, limit int) ([]Request, error) {
 		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
 			return nil, fmt.Errorf("%s:%d: %w", path, line, err)
 		}
+		if r.Lora == "" {
+			r.Lora = Adapter(r.HashIDs)
+		}
 		reqs = append(reqs, r)
 	}
 	if err := sc.Err(); err != nil {
@@ -94,6 +164,11 @@ func Trace(limit int) (reqs []Request, source string, err error) {
 // SyntheticTrace makes n requests shaped like Mooncake's conversations:
 // sessions that grow their prompt turn by turn over a shared system prefix.
 // It stands in when the real trace is absent; no line of it is copied.
+//
+// A request's last block holds 1 to 512 tokens (InputLength), decided by its
+// hash id, and a conversation runs on the adapter its first block after the
+// system prefix decides (adapterOf), about 1 in 4 on one. Neither draws on
+// the random source, so the hash ids and timestamps of a seed never change.
 func SyntheticTrace(n int, seed uint64) []Request {
 	rng := rand.New(rand.NewPCG(seed, 0x6d6f6f6e))
 	next := uint64(1000)
@@ -106,26 +181,32 @@ func SyntheticTrace(n int, seed uint64) []Request {
 	}
 	systems := [][]uint64{fresh(4), fresh(6), fresh(2)}
 	var sessions [][]uint64
+	var loras []string // per session
 	reqs := make([]Request, 0, n)
 	var ts int64
 	for len(reqs) < n {
 		ts += int64(rng.IntN(600))
 		var ids []uint64
+		var lora string
 		if len(sessions) > 0 && rng.IntN(3) > 0 { // a follow-up turn of an open session
 			i := rng.IntN(len(sessions))
 			ids = append(append([]uint64{}, sessions[i]...), fresh(1+rng.IntN(3))...)
 			if len(ids) > 60 {
 				ids = ids[:60]
 			}
-			sessions[i] = ids
+			sessions[i], lora = ids, loras[i]
 		} else {
-			ids = append(append([]uint64{}, systems[rng.IntN(len(systems))]...), fresh(1+rng.IntN(20))...)
-			sessions = append(sessions, ids)
+			system := systems[rng.IntN(len(systems))]
+			ids = append(append([]uint64{}, system...), fresh(1+rng.IntN(20))...)
+			lora = adapterOf(ids[len(system)])
+			sessions, loras = append(sessions, ids), append(loras, lora)
 			if len(sessions) > 64 {
-				sessions = sessions[1:]
+				sessions, loras = sessions[1:], loras[1:]
 			}
 		}
-		reqs = append(reqs, Request{TimestampMs: ts, InputLength: len(ids) * TraceBlockTokens, OutputLength: 300, HashIDs: ids})
+		last := 1 + int(fmix(ids[len(ids)-1]^0x7461696c)%TraceBlockTokens) // tokens in the last block
+		reqs = append(reqs, Request{TimestampMs: ts, InputLength: (len(ids)-1)*TraceBlockTokens + last, OutputLength: 300,
+			HashIDs: ids, Lora: lora})
 	}
 	return reqs
 }

@@ -1,0 +1,165 @@
+package actor
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/index"
+)
+
+// op is an expected index op, for comparing with what the actor sent.
+type op struct {
+	kind index.OpKind
+	tier index.Tier
+	key  uint64
+}
+
+func (h *harness) took() []op {
+	var out []op
+	for _, o := range h.ops {
+		out = append(out, op{o.Kind, o.Tier, o.Hash})
+	}
+	h.ops = nil
+	return out
+}
+
+// A vLLM engine with CPU offload: device blocks are copied to the host tier
+// (named by hash alone), evicted from the device, built on again, and the
+// host tier is cleared. The index follows each tier on its own.
+func TestOffloadedBlocksMoveBetweenTiers(t *testing.T) {
+	var hasher index.Hasher
+	toks := tokens(4, 3, 16)
+	k := hasher.Prompt(nil, toks, 16)
+	const dev, host = index.TierDevice, index.TierHost
+	h := newHarness(t)
+	steps := []struct {
+		name        string
+		events      []codec.Event
+		want        []op
+		device, cpu int64 // TierBlocks after the step
+	}{
+		{"stored on device",
+			[]codec.Event{{Type: codec.BlockStored, BlockHashes: []uint64{1, 2}, TokenIDs: toks[:32], BlockSize: 16, Medium: "GPU"}},
+			[]op{{index.OpStore, dev, k[0]}, {index.OpStore, dev, k[1]}}, 2, 0},
+		{"copied to the host by hash alone",
+			[]codec.Event{{Type: codec.BlockStored, BlockHashes: []uint64{1, 2, 99}, BlockSize: 16, Medium: "CPU"}},
+			[]op{{index.OpStore, host, k[0]}, {index.OpStore, host, k[1]}}, 2, 2},
+		{"evicted from the device: the host copies stay",
+			[]codec.Event{{Type: codec.BlockRemoved, BlockHashes: []uint64{1, 2}, Medium: "GPU"}},
+			[]op{{index.OpRemove, dev, k[0]}, {index.OpRemove, dev, k[1]}}, 0, 2},
+		{"built on again on device: the prefix is back on device",
+			[]codec.Event{{Type: codec.BlockStored, BlockHashes: []uint64{3}, ParentHash: 2, HasParent: true, TokenIDs: toks[32:], BlockSize: 16, Medium: "GPU"}},
+			[]op{{index.OpStore, dev, k[1]}, {index.OpStore, dev, k[0]}, {index.OpStore, dev, k[2]}}, 3, 2},
+		{"evicted from the host",
+			[]codec.Event{{Type: codec.BlockRemoved, BlockHashes: []uint64{1}, Medium: "CPU"}},
+			[]op{{index.OpRemove, host, k[0]}}, 3, 1},
+		{"the host tier cleared: the device keeps its blocks",
+			[]codec.Event{{Type: codec.AllBlocksCleared, Medium: "CPU"}},
+			[]op{{index.OpClearTier, host, 0}}, 3, 0},
+		{"the whole cache cleared",
+			[]codec.Event{cleared()},
+			[]op{{index.OpClearWorker, 0, 0}}, 0, 0},
+	}
+	for _, st := range steps {
+		h.send(st.events...)
+		if got := h.took(); !slices.Equal(got, st.want) {
+			t.Errorf("%s: ops %v, want %v", st.name, got, st.want)
+		}
+		s := h.a.Stats()
+		if s.TierBlocks[dev] != st.device || s.TierBlocks[host] != st.cpu || s.IndexedBlocks != st.device {
+			t.Errorf("%s: tier blocks %v (indexed %d), want device %d, host %d", st.name, s.TierBlocks, s.IndexedBlocks, st.device, st.cpu)
+		}
+	}
+	if s := h.a.Stats(); s.TokenMismatch != 1 || s.UnknownRemove != 0 {
+		t.Errorf("token_mismatch %d (the unknown hash copied by hash alone), unknown_remove %d; want 1 and 0", s.TokenMismatch, s.UnknownRemove)
+	}
+}
+
+// A tier weighted 0 is not indexed: its events are filtered as lower_tier.
+func TestATierWeightedZeroIsNotIndexed(t *testing.T) {
+	ch := make(chan *index.Batch, 16)
+	h := &harness{t: t, a: New(Config{Worker: 1, BlockSize: 16, Shard: ch, Weights: index.Weights{1, 0, 0.5, 0}}), shard: ch}
+	h.send(stored(1, 16, medium("CPU")), stored(2, 16, medium("EXTERNAL")), stored(3, 16, medium("DISK")),
+		codec.Event{Type: codec.AllBlocksCleared, Medium: "CPU_PINNED"})
+	got := h.took()
+	if len(got) != 1 || got[0].tier != index.TierDisk {
+		t.Errorf("ops %v, want the disk block alone", got)
+	}
+	if n := h.a.Stats().Filtered[LowerTier]; n != 3 {
+		t.Errorf("lower_tier %d, want 3", n)
+	}
+}
+
+// An engine block of 64 tokens is four router blocks of 16: their keys are
+// the prompt's, a child chains on from the last, and a remove takes all four.
+func TestEngineBlocksSplitIntoRouterBlocks(t *testing.T) {
+	var hasher index.Hasher
+	toks := tokens(9, 3, 64)
+	keys := hasher.Prompt(nil, toks, 16)
+	h := newHarness(t)
+	h.send(codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{1, 2}, TokenIDs: toks[:128], BlockSize: 64},
+		codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{3}, ParentHash: 2, HasParent: true, TokenIDs: toks[128:], BlockSize: 64})
+	var want []op
+	for _, k := range keys {
+		want = append(want, op{index.OpStore, index.TierDevice, k})
+	}
+	if got := h.took(); !slices.Equal(got, want) {
+		t.Fatalf("ops %v, want the prompt's 12 keys stored in order", got)
+	}
+	h.send(codec.Event{Type: codec.BlockRemoved, BlockHashes: []uint64{2}})
+	want = want[:0]
+	for _, k := range keys[4:8] {
+		want = append(want, op{index.OpRemove, index.TierDevice, k})
+	}
+	if got := h.took(); !slices.Equal(got, want) {
+		t.Errorf("remove of the second engine block: ops %v, want its four keys", got)
+	}
+	slots := len(h.a.splitKeys)
+	for range 10 { // stored and evicted again: the freed slot is reused
+		h.send(codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{2}, ParentHash: 1, HasParent: true, TokenIDs: toks[64:128], BlockSize: 64},
+			codec.Event{Type: codec.BlockRemoved, BlockHashes: []uint64{2}})
+	}
+	if len(h.a.splitKeys) != slots {
+		t.Errorf("split keys grew from %d to %d over store/remove cycles", slots, len(h.a.splitKeys))
+	}
+	if st := h.a.Stats(); st.IndexedBlocks != 8 || st.SizeWarnings != 0 {
+		t.Errorf("indexed %d, size warnings %d; want 8 and 0", st.IndexedBlocks, st.SizeWarnings)
+	}
+}
+
+// The adapter and salt an event carries make its chain's keys those of the
+// same request on that adapter, and no base-model request's.
+func TestAdapterAndSaltKeys(t *testing.T) {
+	var hasher index.Hasher
+	toks := tokens(5, 2, 16)
+	base := hasher.Prompt(nil, toks, 16)
+	for _, tc := range []struct {
+		name   string
+		mod    func(*codec.Event)
+		req    index.Request
+		layout codec.Layout
+	}{
+		{"lora_name", func(e *codec.Event) { e.LoraName = "sql-lora" }, index.Request{Lora: "sql-lora"}, codec.CurrentVLLM},
+		{"lora_id alone", func(e *codec.Event) { e.LoraID, e.HasLoraID = 7, true }, index.Request{LoraID: 7, HasLoraID: true}, codec.CurrentVLLM},
+		{"SGLang's cache_salt", func(e *codec.Event) { e.CacheSalt = "tenant-a" }, index.Request{Salt: "tenant-a"}, codec.Layout{SaltKey: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			e := codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{1, 2}, TokenIDs: toks, BlockSize: 16}
+			tc.mod(&e)
+			h.a.HandleBatch(0, codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{e}}, tc.layout))
+			h.collect()
+			req := tc.req
+			req.Tokens = toks
+			want := hasher.RequestKeys(nil, &req, 16)
+			got := h.took()
+			if len(got) != 2 || got[0].key != want[0] || got[1].key != want[1] {
+				t.Fatalf("keys %v, want the request's %x", got, want)
+			}
+			if slices.Contains(base, got[0].key) || slices.Contains(base, got[1].key) {
+				t.Errorf("an adapter or salted block has a base-model key")
+			}
+		})
+	}
+}

@@ -1,0 +1,101 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/kvpipe/kvpipe/actor"
+	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/index"
+)
+
+// All options at once, through kvpipe's actor and index: the partial-tail
+// and sliding-window filters count, the host tier is indexed, and the index
+// scores each worker exactly as many leading blocks as its device holds,
+// and as its device and host tier together hold.
+func TestRealisticEnginesThroughTheActor(t *testing.T) {
+	for _, lora := range []bool{false, true} {
+		t.Run(fmt.Sprint("lora=", lora), func(t *testing.T) {
+			const workers, bs = 3, 64
+			reqs := SyntheticTrace(400, 5)
+			shards := index.NewShards(2, 4)
+			defer shards.Close()
+			opts := []Option{WithPartialTails(), WithSlidingWindow(4096), WithCPUOffload(300)}
+			if lora {
+				opts = append(opts, WithLoRA())
+			}
+			var engines [workers]*Engine
+			var actors [workers]*actor.Actor
+			for w := range workers {
+				engines[w] = NewEngine(bs, 150, opts...)
+				actors[w] = actor.New(actor.Config{Worker: index.WorkerID(w), BlockSize: bs, Shard: shards.Queue(index.WorkerID(w))})
+			}
+			var h index.Hasher
+			hostHits := 0
+			for i := range reqs {
+				w := int(reqs[i].HashIDs[len(reqs[i].HashIDs)-1] % workers)
+				evs, res := engines[w].ServeResult(nil, &reqs[i], InputTokens(nil, &reqs[i]))
+				hostHits += res.HostHits
+				if len(evs) > 0 {
+					actors[w].HandleBatch(uint64(i), codec.AppendBatch(nil, &codec.Batch{Events: evs}, codec.CurrentVLLM))
+				}
+				if err := shards.Sync(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				q := &reqs[(i*7)%(i+1)]
+				ir := &index.Request{Tokens: InputTokens(nil, q)}
+				if lora { // the router keys a request under its adapter, as the actor keys the engine's blocks
+					ir.Lora = q.Lora
+				}
+				got, err := shards.FindMatches(context.Background(), nil, h.RequestKeys(nil, ir, bs))
+				if err != nil {
+					t.Fatal(err)
+				}
+				gotBy := map[index.WorkerID]int{}
+				hostBy := map[index.WorkerID]int{}
+				for _, s := range got {
+					gotBy[s.Worker] = s.Blocks
+					hostBy[s.Worker] = s.Tiers[index.TierHost]
+				}
+				for ew, e := range engines {
+					want := 0
+					for _, ext := range e.BlockHashes(nil, q) {
+						if !e.Holds(ext) {
+							break
+						}
+						want++
+					}
+					either := 0
+					for _, ext := range e.BlockHashes(nil, q) {
+						if !e.Holds(ext) && !e.HostHolds(ext) {
+							break
+						}
+						either++
+					}
+					if hostBy[index.WorkerID(ew)] != either {
+						t.Fatalf("step %d: worker %d scores %d in device or host, its engine holds %d", i, ew, hostBy[index.WorkerID(ew)], either)
+					}
+					if gotBy[index.WorkerID(ew)] != want {
+						t.Fatalf("step %d: worker %d scores %d, its engine holds %d leading blocks", i, ew, gotBy[index.WorkerID(ew)], want)
+					}
+				}
+			}
+			var st actor.Stats
+			for _, a := range actors {
+				st.Add(a.Stats())
+			}
+			for _, r := range []actor.Reason{actor.PartialBlock, actor.NonMainAttention} {
+				if st.Filtered[r] == 0 {
+					t.Errorf("no event filtered as %s: %v", r, st.Filtered)
+				}
+			}
+			if st.TierBlocks[index.TierHost] == 0 {
+				t.Error("nothing indexed in the host tier")
+			}
+			if hostHits == 0 || st.DecodeErrors != 0 || st.UnknownParent != 0 {
+				t.Errorf("%d host hits, %d decode errors, %d unknown parents", hostHits, st.DecodeErrors, st.UnknownParent)
+			}
+		})
+	}
+}
