@@ -1,7 +1,9 @@
 package actor
 
 import (
+	"log/slog"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kvpipe/kvpipe/codec"
@@ -161,5 +163,23 @@ func TestAdapterAndSaltKeys(t *testing.T) {
 				t.Errorf("an adapter or salted block has a base-model key")
 			}
 		})
+	}
+}
+
+// A block size the router cannot use is warned about once per worker, and
+// again after the engine clears its cache (it may come back configured
+// otherwise).
+func TestBadBlockSizeWarnsOncePerWorker(t *testing.T) {
+	var log strings.Builder
+	ch := make(chan *index.Batch, 16)
+	h := &harness{t: t, shard: ch, a: New(Config{Worker: 1, BlockSize: 16, Shard: ch,
+		Logger: slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{Level: slog.LevelWarn}))})}
+	h.send(stored(1, 24), stored(2, 24), stored(3, 40))
+	h.send(cleared(), stored(4, 24))
+	if n := strings.Count(log.String(), "not a multiple"); n != 2 {
+		t.Errorf("%d warnings for 4 blocks of bad sizes across one clear, want 2:\n%s", n, log.String())
+	}
+	if n := h.a.Stats().Filtered[BlockSizeMismatch]; n != 4 {
+		t.Errorf("block_size filtered %d, want 4", n)
 	}
 }
