@@ -363,11 +363,20 @@ func (a *Actor) apply(e *codec.Event) {
 				a.stats.UnknownRemove.Add(1)
 				continue
 			}
-			held := b.held(a.gen)
-			if held&bit(t) != 0 {
+			a.room(a.keysOf(b))
+			if b.gen != a.gen {
+				// Kept through a resync, its tiers unknown: gone from the
+				// device, it is forgotten as before tiers; gone from another
+				// tier, the device may still hold it.
+				if t == index.TierDevice {
+					a.forget(ext, b)
+				}
+				continue
+			}
+			if b.tiers&bit(t) != 0 {
 				a.emitKeys(index.OpRemove, t, b)
 			}
-			if b.gen, b.tiers = a.gen, held&^bit(t); b.tiers == 0 {
+			if b.tiers &^= bit(t); b.tiers == 0 {
 				a.forget(ext, b)
 			} else {
 				a.routerOf[ext] = b // still held in another tier
@@ -395,6 +404,7 @@ func (a *Actor) apply(e *codec.Event) {
 // engine that comes back with another block size must warn again.
 func (a *Actor) clear() {
 	clear(a.routerOf)
+	a.usedTiers = 0
 	a.splitK, a.splitKeys, a.freeSlots = 0, a.splitKeys[:0], a.freeSlots[:0]
 	a.sizeWarned = false
 	a.unindex()
@@ -404,11 +414,14 @@ func (a *Actor) clear() {
 // mapping, and keeps what its other tiers hold. It walks the mapping, but
 // only for an engine that clears one tier of several.
 func (a *Actor) clearTier(t index.Tier) {
+	a.room(1)
 	for ext, b := range a.routerOf {
-		held := b.held(a.gen)
-		if b.gen, b.tiers = a.gen, held&^bit(t); b.tiers == 0 {
+		if b.gen != a.gen || b.tiers&bit(t) == 0 {
+			continue // not in the tier (or kept through a resync, tiers unknown)
+		}
+		if b.tiers &^= bit(t); b.tiers == 0 {
 			a.forget(ext, b)
-		} else if held != b.tiers {
+		} else {
 			a.routerOf[ext] = b
 		}
 	}
@@ -428,15 +441,16 @@ func (a *Actor) forget(ext uint64, b block) {
 }
 
 // unindex clears the worker in the index but keeps the block mapping: its
-// entries become known but not indexed.
+// entries become known but not indexed. The tiers it used are kept: the
+// engine may still hold blocks in them.
 func (a *Actor) unindex() {
+	a.room(1)
 	if len(a.routerOf) > maxKept {
 		a.routerOf = make(map[uint64]block) // not clear: give its peak memory back
 		a.splitK, a.splitKeys, a.freeSlots = 0, nil, nil
 	}
 	a.gen++
 	a.fullSeen = false
-	a.usedTiers = 0
 	a.emit(index.OpClearWorker, 0, 0)
 }
 
@@ -529,12 +543,15 @@ func (a *Actor) store(e *codec.Event) {
 			a.hold(h, old, t) // stored again: in the index already, unless in another tier
 		} else {
 			if known {
+				a.room(a.keysOf(old)*index.NumTiers + k)
 				for ot := range index.Tier(index.NumTiers) {
 					if old.held(a.gen)&bit(ot) != 0 {
 						a.emitKeys(index.OpRemove, ot, old)
 					}
 				}
 				a.forget(h, old)
+			} else {
+				a.room(k)
 			}
 			b := block{key: parent, parent: ext, hasParent: extParent, gen: a.gen, tiers: bit(t), split: -1}
 			if k > 1 {
@@ -567,7 +584,7 @@ func (a *Actor) badSize(bs int) {
 	a.stats.Filtered[BlockSizeMismatch].Add(1)
 	if !a.sizeWarned {
 		a.sizeWarned = true
-		a.cfg.Logger.Warn("kvpipe/actor: block size is not a multiple of the router's; its blocks are not indexed",
+		a.cfg.Logger.Warn("kvpipe/actor: block size cannot be split into the router's (not a multiple, or not the multiple split before); its blocks are not indexed",
 			"worker", a.cfg.Name, "configured", a.cfg.BlockSize, "received", bs, "split", a.splitK)
 	}
 }
@@ -588,6 +605,7 @@ func (a *Actor) slot(keys []uint64) int32 {
 // hold puts the known block h in tier t of the index, unless it is there,
 // and reports whether it did.
 func (a *Actor) hold(h uint64, b block, t index.Tier) bool {
+	a.room(a.keysOf(b))
 	held := b.held(a.gen)
 	if held&bit(t) != 0 {
 		return false
@@ -597,6 +615,14 @@ func (a *Actor) hold(h uint64, b block, t index.Tier) bool {
 	a.usedTiers |= bit(t)
 	a.emitKeys(index.OpStore, t, b)
 	return true
+}
+
+// keysOf is the number of router keys of b.
+func (a *Actor) keysOf(b block) int {
+	if b.split >= 0 {
+		return a.splitK
+	}
+	return 1
 }
 
 // emitKeys sends one op for each router key of b, first to last.
@@ -677,10 +703,18 @@ func tierOf(medium string) index.Tier {
 // long prompt) is applied in parts rather than holding its shard at once.
 const maxOps = 256
 
-func (a *Actor) emit(kind index.OpKind, t index.Tier, h uint64) {
-	if a.out != nil && len(a.out.Ops) >= maxOps {
+// room flushes the batch being filled unless it has room for n more ops.
+// Every change of the mapping asks for its ops' room before it reads the
+// generation, and only room flushes: a flush that drops the batch starts a
+// new generation, which must not fall between a block's ops and its
+// mapping, or the index would keep keys the mapping says are out.
+func (a *Actor) room(n int) {
+	if a.out != nil && len(a.out.Ops)+n > maxOps {
 		a.flush()
 	}
+}
+
+func (a *Actor) emit(kind index.OpKind, t index.Tier, h uint64) {
 	if a.out == nil {
 		a.out = a.take()
 	}
@@ -767,7 +801,6 @@ func (a *Actor) drop(b *index.Batch) {
 	a.resync = true
 	a.gen++ // the mapping stays true: the engine is the same
 	a.fullSeen = false
-	a.usedTiers = 0
 	a.zeroHeld()
 	a.stats.Partial.Store(true)
 	b.Ops = b.Ops[:0]

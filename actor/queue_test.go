@@ -97,3 +97,40 @@ func TestStoppingWorkerStillSendsWhatFits(t *testing.T) {
 		}
 	}
 }
+
+// A batch dropped (Drop) while a block's ops are being made must not split
+// them from the mapping: the block then goes wholly into the next batch,
+// after the resync's clear, and the mapping says so, so that its remove
+// takes it out again.
+func TestDropBetweenBatchesKeepsTheMappingTrue(t *testing.T) {
+	ch := make(chan *index.Batch, 1)
+	a := New(Config{Worker: 1, BlockSize: 16, Shard: ch, Backpressure: Drop})
+	ch <- &index.Batch{} // the shard is behind
+	a.out = a.take()
+	for range maxOps { // and the batch being filled is full
+		a.out.Ops = append(a.out.Ops, index.Op{Kind: index.OpStore, Hash: 999})
+	}
+	a.apply(&codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{1}, TokenIDs: tokens(1, 1, 16), BlockSize: 16})
+	<-ch // the shard catches up
+	a.flush()
+	b := <-ch
+	if len(b.Ops) != 2 || b.Ops[0].Kind != index.OpClearWorker || b.Ops[1].Kind != index.OpStore {
+		t.Fatalf("ops after the drop %v, want the clear, then the block", b.Ops)
+	}
+	key := b.Ops[1].Hash
+	b.Ops = b.Ops[:0]
+	b.Return <- b
+	a.apply(&codec.Event{Type: codec.BlockRemoved, BlockHashes: []uint64{1}})
+	a.flush()
+	select {
+	case b = <-ch:
+		if len(b.Ops) != 1 || b.Ops[0] != (index.Op{Kind: index.OpRemove, Hash: key}) {
+			t.Errorf("ops of the remove %v, want the block's key removed", b.Ops)
+		}
+	default:
+		t.Error("the remove sent nothing: the mapping lost the block stored after the drop")
+	}
+	if st := a.Stats(); st.IndexedBlocks != 0 || st.DroppedBatches != 1 {
+		t.Errorf("indexed %d, dropped %d; want 0 and 1", st.IndexedBlocks, st.DroppedBatches)
+	}
+}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/wire"
 )
 
 // op is an expected index op, for comparing with what the actor sent.
@@ -176,10 +177,56 @@ func TestBadBlockSizeWarnsOncePerWorker(t *testing.T) {
 		Logger: slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{Level: slog.LevelWarn}))})}
 	h.send(stored(1, 24), stored(2, 24), stored(3, 40))
 	h.send(cleared(), stored(4, 24))
-	if n := strings.Count(log.String(), "not a multiple"); n != 2 {
+	if n := strings.Count(log.String(), "cannot be split"); n != 2 {
 		t.Errorf("%d warnings for 4 blocks of bad sizes across one clear, want 2:\n%s", n, log.String())
 	}
 	if n := h.a.Stats().Filtered[BlockSizeMismatch]; n != 4 {
 		t.Errorf("block_size filtered %d, want 4", n)
+	}
+}
+
+// After a resync the mapping is kept but what each tier holds is unknown:
+// a lower-tier remove or clear must not forget blocks the device may hold,
+// and a device clear must not mark complete a worker whose host tier may
+// still hold blocks the index lacks.
+func TestTiersAfterAResync(t *testing.T) {
+	toks := tokens(6, 2, 16)
+	h := newHarness(t)
+	h.send(codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{1}, TokenIDs: toks[:16], BlockSize: 16, Medium: "GPU"},
+		codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{1}, BlockSize: 16, Medium: "CPU"})
+	h.a.HandleReset(wire.ResetGapLost)
+	h.collect()
+	h.send(codec.Event{Type: codec.BlockRemoved, BlockHashes: []uint64{1}, Medium: "CPU"}, codec.Event{Type: codec.AllBlocksCleared, Medium: "CPU"})
+	h.took()
+	h.send(codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{2}, ParentHash: 1, HasParent: true, TokenIDs: toks[16:], BlockSize: 16, Medium: "GPU"})
+	if st := h.a.Stats(); st.UnknownParent != 0 || st.IndexedBlocks != 2 {
+		t.Errorf("unknown_parent %d, indexed %d: a host-tier remove and clear after the resync forgot a block the device held", st.UnknownParent, st.IndexedBlocks)
+	}
+	h.send(codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{2}, BlockSize: 16, Medium: "CPU"}) // offloaded again
+	h.a.HandleReset(wire.ResetGapLost)
+	h.a.HandleBatch(9, codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{{Type: codec.AllBlocksCleared, Medium: "GPU"}}}, codec.CurrentVLLM))
+	if !h.a.Stats().Partial {
+		t.Error("a device clear made complete a worker whose host tier may hold blocks unknown to the index")
+	}
+}
+
+// An engine block split into router blocks that carries extra keys
+// (multimodal input) gets keys no request computes: the engine's digest
+// spans its whole block. A miss, never a wrong hit.
+func TestSplitBlocksWithExtraKeysNeverMatchWrongly(t *testing.T) {
+	var hasher index.Hasher
+	toks := tokens(8, 1, 64)
+	h := newHarness(t)
+	h.a.apply(&codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{1}, TokenIDs: toks, BlockSize: 64, BlockExtra: []uint64{0x5eed}})
+	h.a.flush()
+	h.collect()
+	if len(h.ops) != 4 {
+		t.Fatalf("ops %v, want the four router blocks stored", h.ops)
+	}
+	plain := hasher.Prompt(nil, toks, 16)
+	for _, o := range h.took() {
+		if slices.Contains(plain, o.key) {
+			t.Errorf("a split block with extra keys has a bare-token key %x", o.key)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"math"
 	"testing"
 
 	"github.com/kvpipe/kvpipe/codec"
@@ -55,7 +56,7 @@ func TestMatchesByTierAndAdapter(t *testing.T) {
 }
 
 func TestTierWeightsAreChecked(t *testing.T) {
-	for _, w := range []index.Weights{{0, 1, 1, 1}, {1, -0.5, 0, 0}} {
+	for _, w := range []index.Weights{{0, 1, 1, 1}, {1, -0.5, 0, 0}, {1, math.Inf(1), 0, 0}, {1, 0, math.NaN(), 0}} {
 		if _, err := New(Config{BlockSize: 16, TierWeights: w}); err == nil {
 			t.Errorf("New accepted TierWeights %v", w)
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -167,8 +168,8 @@ func New(cfg Config) (*Pipeline, error) {
 		cfg.TierWeights = index.DefaultWeights
 	}
 	for t, w := range cfg.TierWeights {
-		if w < 0 || w != w || t == int(index.TierDevice) && w == 0 {
-			return nil, fmt.Errorf("kvpipe: TierWeights[%s] = %v: weights must not be negative, and device's must be positive", index.Tier(t), w)
+		if w < 0 || math.IsNaN(w) || math.IsInf(w, 0) || t == int(index.TierDevice) && w == 0 {
+			return nil, fmt.Errorf("kvpipe: TierWeights[%s] = %v: weights must be finite and not negative, and device's positive", index.Tier(t), w)
 		}
 	}
 	if cfg.Shards == 0 {

@@ -432,7 +432,7 @@ func report(w io.Writer, o options, source string, reqs []sim.Request, engines [
 	fmt.Fprintf(w, "  device claims      base model: %d blocks claimed, %d not held when served; adapters: %d claimed, %d not held\n",
 		base.claimed, base.over, onAdapters.claimed, onAdapters.over)
 	if onAdapters.requests > 0 {
-		fmt.Fprintf(w, "                     token-only keys would have credited %d more blocks, which the worker holds for the base model, not the adapter\n",
+		fmt.Fprintf(w, "                     token-only keys would have credited at least %d more blocks, which the worker holds for the base model, not the adapter\n",
 			onAdapters.across)
 	}
 	fmt.Fprintf(w, "  gaps               %d (%d batches replayed, %d lost, %d resyncs)\n", gaps, replayed, lost, resyncs)
