@@ -204,15 +204,8 @@ func BenchmarkShardsFindMatches(b *testing.B) {
 	prompts = prompts[len(prompts)-recent:]
 	for _, n := range []int{1, 2, 4} {
 		b.Run(map[int]string{1: "shards=1", 2: "shards=2", 4: "shards=4"}[n], func(b *testing.B) {
-			s := NewShards(n, 64)
-			defer s.Close()
-			for i := range steps {
-				s.Queue(steps[i].Worker) <- &steps[i]
-			}
+			s := loadedShards(b, n, steps) // the trace applied: lookups alone are timed
 			ctx := context.Background()
-			if err := s.Sync(ctx); err != nil { // the trace applied: lookups alone are timed
-				b.Fatal(err)
-			}
 			var dst []Score
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -238,15 +231,8 @@ func BenchmarkShardsFindMatchesTiered(b *testing.B) {
 	prompts = prompts[len(prompts)-recent:]
 	for _, n := range []int{1, 2, 4} {
 		b.Run(fmt.Sprintf("shards=%d", n), func(b *testing.B) {
-			s := NewShards(n, 64)
-			defer s.Close()
-			for i := range steps {
-				s.Queue(steps[i].Worker) <- &steps[i]
-			}
+			s := loadedShards(b, n, steps) // the trace applied: lookups alone are timed
 			ctx := context.Background()
-			if err := s.Sync(ctx); err != nil {
-				b.Fatal(err)
-			}
 			var hostNodes int64
 			for i := range n {
 				hostNodes += s.TierNodes(i, TierHost)
@@ -332,15 +318,8 @@ func BenchmarkShardsFindMatchesUnderIngest(b *testing.B) {
 	prompts = prompts[len(prompts)-recent:]
 	for _, n := range []int{1, 2, 4} {
 		b.Run(fmt.Sprintf("shards=%d", n), func(b *testing.B) {
-			s := NewShards(n, 64)
-			defer s.Close()
-			for i := range steps {
-				s.Queue(steps[i].Worker) <- &steps[i]
-			}
+			s := loadedShards(b, n, steps) // the trace applied: lookups alone are timed
 			ctx := context.Background()
-			if err := s.Sync(ctx); err != nil {
-				b.Fatal(err)
-			}
 			var sent atomic.Int64 // blocks handed to the shards
 			stop, done := make(chan struct{}), make(chan struct{})
 			go func() {
@@ -443,4 +422,18 @@ func BenchmarkTokenHash(b *testing.B) {
 	if sink == 42 {
 		b.Log(sink)
 	}
+}
+
+// loadedShards starts n shards, stopped when the benchmark ends, holding
+// what steps leave behind.
+func loadedShards(b *testing.B, n int, steps []Batch) *Shards {
+	s := NewShards(n, 64)
+	b.Cleanup(s.Close)
+	for i := range steps {
+		s.Queue(steps[i].Worker) <- &steps[i]
+	}
+	if err := s.Sync(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	return s
 }
