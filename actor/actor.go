@@ -121,7 +121,6 @@ type counters struct {
 	TokenMismatch, UnknownParent     atomic.Uint64
 	UnknownRemove, SizeWarnings      atomic.Uint64
 	Resyncs, DroppedBatches          atomic.Uint64
-	IndexedBlocks                    atomic.Int64
 	TierBlocks                       [index.NumTiers]atomic.Int64
 	Partial                          atomic.Bool
 	SnapshotBlocks, SnapshotUnmapped atomic.Uint64
@@ -135,7 +134,7 @@ func (c *counters) load() Stats {
 		TokenMismatch: c.TokenMismatch.Load(), UnknownParent: c.UnknownParent.Load(),
 		UnknownRemove: c.UnknownRemove.Load(), SizeWarnings: c.SizeWarnings.Load(),
 		Resyncs: c.Resyncs.Load(), DroppedBatches: c.DroppedBatches.Load(),
-		IndexedBlocks: c.IndexedBlocks.Load(), Partial: c.Partial.Load(),
+		Partial:        c.Partial.Load(),
 		SnapshotBlocks: c.SnapshotBlocks.Load(), SnapshotUnmapped: c.SnapshotUnmapped.Load(),
 	}
 	for i := range c.Filtered {
@@ -144,6 +143,7 @@ func (c *counters) load() Stats {
 	for i := range c.TierBlocks {
 		st.TierBlocks[i] = c.TierBlocks[i].Load()
 	}
+	st.IndexedBlocks = st.TierBlocks[index.TierDevice]
 	return st
 }
 
@@ -721,30 +721,22 @@ func (a *Actor) emit(kind index.OpKind, t index.Tier, h uint64) {
 	switch kind {
 	case index.OpStore:
 		a.stats.BlocksStored.Add(1)
-		a.addHeld(t, 1)
+		a.stats.TierBlocks[t].Add(1)
 	case index.OpRemove:
 		a.stats.BlocksRemoved.Add(1)
-		a.addHeld(t, -1)
+		a.stats.TierBlocks[t].Add(-1)
 	case index.OpClearWorker:
 		a.zeroHeld()
 	case index.OpClearTier:
-		a.addHeld(t, -a.stats.TierBlocks[t].Load())
+		a.stats.TierBlocks[t].Store(0)
 	}
 	a.out.Ops = append(a.out.Ops, index.Op{Kind: kind, Tier: t, Hash: h})
-}
-
-func (a *Actor) addHeld(t index.Tier, n int64) {
-	a.stats.TierBlocks[t].Add(n)
-	if t == index.TierDevice {
-		a.stats.IndexedBlocks.Add(n)
-	}
 }
 
 func (a *Actor) zeroHeld() {
 	for i := range a.stats.TierBlocks {
 		a.stats.TierBlocks[i].Store(0)
 	}
-	a.stats.IndexedBlocks.Store(0)
 }
 
 // take returns a batch to fill: a free one, or else a new one. At most

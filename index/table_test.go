@@ -570,29 +570,41 @@ func perShardNodes(t *Tree, n int, tier Tier) (total int64) {
 }
 
 // Past 512 workers on one shard, a reader scores the bitset 8 words at a
-// time; every chunk's workers must come out, with their own scores.
+// time; every chunk's workers must come out, with their own scores, on
+// device alone and with blocks in every tier.
 func TestWideTableAgainstTree(t *testing.T) {
-	rng := rand.New(rand.NewPCG(5, 6))
-	w, ref := newWriter(8), NewTree()
-	for id := range WorkerID(700) {
-		for i := range 1 + rng.IntN(12) { // a chain of its own length
-			w.Store(id, uint64(i))
-			ref.Store(id, uint64(i))
-		}
-		if id%7 == 3 { // and some churn of the slots
-			w.RemoveWorker(id - 2)
-			ref.RemoveWorker(id - 2)
-		}
-	}
-	if w.t.words <= chunk {
-		t.Fatalf("%d words: the test must span more than one chunk", w.t.words)
-	}
-	for n := range 14 {
-		q := []uint64{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}[:n+1]
-		got, want := sortScores(w.FindMatches(nil, q)), sortScores(ref.FindMatches(nil, q))
-		if !slices.Equal(got, want) || len(got) < 500 {
-			t.Fatalf("FindMatches(%v): %d scores, tree %d; differ: %v", q, len(got), len(want), !slices.Equal(got, want))
-		}
+	for _, tc := range []struct {
+		name string
+		tier func(*rand.Rand) Tier
+	}{
+		{"device", func(*rand.Rand) Tier { return TierDevice }},
+		{"tiered", randomTier},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(5, 6))
+			w, ref := newWriter(8), NewTree()
+			for id := range WorkerID(700) {
+				for i := range 1 + rng.IntN(12) { // a chain of its own length
+					tier := tc.tier(rng)
+					w.StoreTier(id, tier, uint64(i))
+					ref.StoreTier(id, tier, uint64(i))
+				}
+				if id%7 == 3 { // and some churn of the slots
+					w.RemoveWorker(id - 2)
+					ref.RemoveWorker(id - 2)
+				}
+			}
+			if w.t.words <= chunk {
+				t.Fatalf("%d words: the test must span more than one chunk", w.t.words)
+			}
+			for n := range 14 {
+				q := []uint64{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}[:n+1]
+				got, want := sortScores(w.FindMatches(nil, q)), sortScores(ref.FindMatches(nil, q))
+				if !slices.Equal(got, want) || len(got) < 500 {
+					t.Fatalf("FindMatches(%v): %d scores, tree %d; differ: %v", q, len(got), len(want), !slices.Equal(got, want))
+				}
+			}
+		})
 	}
 }
 

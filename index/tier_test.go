@@ -283,34 +283,6 @@ func TestTieredMatchesAcrossLookaheadGroups(t *testing.T) {
 	}
 }
 
-// Past 512 workers on one shard, with tiers: every chunk's workers come out
-// with the Tree's scores.
-func TestTieredWideTableAgainstTree(t *testing.T) {
-	rng := rand.New(rand.NewPCG(5, 6))
-	w, ref := newWriter(8), NewTree()
-	for id := range WorkerID(700) {
-		for i := range 1 + rng.IntN(12) { // a chain of its own length, each block in a tier
-			tier := randomTier(rng)
-			w.StoreTier(id, tier, uint64(i))
-			ref.StoreTier(id, tier, uint64(i))
-		}
-		if id%7 == 3 { // and some churn of the slots
-			w.RemoveWorker(id - 2)
-			ref.RemoveWorker(id - 2)
-		}
-	}
-	if w.t.words <= chunk {
-		t.Fatalf("%d words: the test must span more than one chunk", w.t.words)
-	}
-	for n := range 14 {
-		q := []uint64{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}[:n+1]
-		got, want := sortScores(w.FindMatches(nil, q)), sortScores(ref.FindMatches(nil, q))
-		if !slices.Equal(got, want) || len(got) < 500 {
-			t.Fatalf("FindMatches(%v): %d scores, tree %d; differ: %v", q, len(got), len(want), !slices.Equal(got, want))
-		}
-	}
-}
-
 // With tiers in use, a warm writer filling and clearing tiers allocates
 // nothing, nor does a lookup, on a table or through Shards.
 func TestTieredWarmWriterAndReaderAllocateNothing(t *testing.T) {

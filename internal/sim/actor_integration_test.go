@@ -59,20 +59,7 @@ func TestRealisticEnginesThroughTheActor(t *testing.T) {
 					hostBy[s.Worker] = s.Tiers[index.TierHost]
 				}
 				for ew, e := range engines {
-					want := 0
-					for _, ext := range e.BlockHashes(nil, q) {
-						if !e.Holds(ext) {
-							break
-						}
-						want++
-					}
-					either := 0
-					for _, ext := range e.BlockHashes(nil, q) {
-						if !e.Holds(ext) && !e.HostHolds(ext) {
-							break
-						}
-						either++
-					}
+					want, either := e.Held(q)
 					if hostBy[index.WorkerID(ew)] != either {
 						t.Fatalf("step %d: worker %d scores %d in device or host, its engine holds %d", i, ew, hostBy[index.WorkerID(ew)], either)
 					}

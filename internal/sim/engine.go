@@ -212,6 +212,19 @@ func (e *Engine) tailHash(r *Request, hashes []uint64, tail int) uint64 {
 // h (a group 0 hash).
 func (e *Engine) Holds(h uint64) bool { return e.dev.has(h) }
 
+// Held reports how many of r's leading blocks the engine holds on device,
+// and on device or host: what an exact index scores the worker.
+func (e *Engine) Held(r *Request) (device, anyTier int) {
+	hashes := e.BlockHashes(nil, r)
+	for device < len(hashes) && e.Holds(hashes[device]) {
+		device++
+	}
+	for anyTier < len(hashes) && (e.Holds(hashes[anyTier]) || e.HostHolds(hashes[anyTier])) {
+		anyTier++
+	}
+	return device, anyTier
+}
+
 // HostHolds reports whether the host tier holds the block of engine hash h.
 func (e *Engine) HostHolds(h uint64) bool { return e.host.has(h) }
 

@@ -10,8 +10,9 @@ import (
 
 // CheckLoad stores a distinct value in every atomic field of *live (arrays
 // of atomics included), calls load, and checks that the snapshot's field of
-// the same name holds it.
-func CheckLoad[L, S any](t *testing.T, live *L, load func() S) {
+// the same name holds it. derived names snapshot fields that load computes
+// from others rather than copies; the caller checks those.
+func CheckLoad[L, S any](t *testing.T, live *L, load func() S, derived ...string) {
 	t.Helper()
 	v := reflect.ValueOf(live).Elem()
 	want := map[string]any{}
@@ -31,8 +32,8 @@ func CheckLoad[L, S any](t *testing.T, live *L, load func() S) {
 		n++
 	}
 	snap := reflect.ValueOf(load())
-	if snap.NumField() != len(want) {
-		t.Errorf("snapshot has %d fields, live counters %d", snap.NumField(), len(want))
+	if snap.NumField() != len(want)+len(derived) {
+		t.Errorf("snapshot has %d fields, live counters %d and %d derived", snap.NumField(), len(want), len(derived))
 	}
 	for name, w := range want {
 		got := snap.FieldByName(name)
