@@ -39,6 +39,11 @@ type (
 	// Hasher turns a prompt's tokens into router block keys, for
 	// FindMatchesKeys and AppendMatches; its zero value is ready.
 	Hasher = index.Hasher
+	// Source feeds the index with ops normalised elsewhere (Config.Source;
+	// relay.Follower consumes a relay's JetStream stream).
+	Source = supervisor.Source
+	// Feed is how a Source hands its ops to the pipeline.
+	Feed = supervisor.Feed
 )
 
 const (
@@ -60,6 +65,8 @@ var (
 	ErrRunning = supervisor.ErrRunning
 	// ErrNoWorker is returned by RemoveWorker for a name it does not know.
 	ErrNoWorker = supervisor.ErrNoWorker
+	// ErrNotRunning is returned by Snapshot before Run.
+	ErrNotRunning = supervisor.ErrNotRunning
 )
 
 // New validates cfg and returns a Pipeline that starts nothing until Run.

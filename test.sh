@@ -7,4 +7,4 @@ set -euo pipefail
 cd "$(dirname "$0")"
 scripts/install-peers.sh
 go test -race -count=1 -timeout 20m ./... "$@"
-exec go test -count=1 -run 'Allocat' ./codec ./actor ./index ./supervisor
+exec go test -count=1 -run 'Allocat' ./codec ./actor ./index ./supervisor ./snapshot

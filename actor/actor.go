@@ -61,6 +61,23 @@ type Config struct {
 	// is stopping, and its entries go with it.
 	Done   <-chan struct{}
 	Logger *slog.Logger
+	// Publish, when set, sees every batch of ops before the shard does, in
+	// the actor's goroutine, and returns the position it reached (a relay's
+	// stream sequence), which the actor keeps for its snapshot. The ops are
+	// only valid during the call.
+	Publish func(ops []index.Op, o Origin) uint64
+}
+
+// Origin says where a batch of ops came from, for Config.Publish.
+type Origin struct {
+	// Batch: the ops come from the engine batch Seq, whose payload has
+	// Fingerprint; Part counts the batches of ops it made (0 first). Else
+	// they come from a reset, a recovery, a snapshot or a restore.
+	Batch       bool
+	Seq         uint64
+	Fingerprint uint64
+	Part        int
+	Partial     bool // the worker's Stats().Partial once the ops are applied
 }
 
 // Stats is a snapshot of what one actor did.
@@ -216,6 +233,10 @@ type Actor struct {
 
 	snapBlocks []codec.SnapshotBlock // reused across chunks
 	snapWhole  bool                  // the snapshot being applied mapped every block so far
+
+	origin    Origin // of the ops being made, for Config.Publish
+	streamSeq uint64 // what Config.Publish last returned
+	restoring bool   // Import: its ops are not published
 }
 
 // New returns the actor of one worker.
@@ -249,6 +270,11 @@ var _ wire.SnapshotHandler = (*Actor)(nil)
 // the resulting ops to the shard.
 func (a *Actor) HandleBatch(seq uint64, payload []byte) {
 	a.stats.Batches.Add(1)
+	a.origin = Origin{Batch: true, Seq: seq}
+	if a.cfg.Publish != nil {
+		a.origin.Fingerprint = wire.Fingerprint(payload)
+	}
+	defer a.unsourced()
 	if a.fresh {
 		a.fresh = false
 		if seq == 0 { // an incarnation's first batch: its cache started empty
@@ -767,6 +793,11 @@ func (a *Actor) flush() {
 		b.Ops[0] = index.Op{Kind: index.OpClearWorker}
 		a.resync = false
 	}
+	if a.cfg.Publish != nil && !a.restoring {
+		a.origin.Partial = a.stats.Partial.Load()
+		a.streamSeq = a.cfg.Publish(b.Ops, a.origin)
+		a.origin.Part++
+	}
 	select { // a shard with room takes the batch, even from a stopping worker
 	case a.cfg.Shard <- b:
 		return
@@ -798,6 +829,10 @@ func (a *Actor) drop(b *index.Batch) {
 	b.Ops = b.Ops[:0]
 	a.free <- b
 }
+
+// unsourced marks the ops that follow as not from an engine batch, until
+// the next one.
+func (a *Actor) unsourced() { a.origin = Origin{} }
 
 func (a *Actor) warnf(msg string, args ...any) {
 	if n, ok := a.warn.Allow(time.Now()); ok {

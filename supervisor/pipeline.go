@@ -16,6 +16,7 @@ import (
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/pace"
 	"github.com/kvpipe/kvpipe/metrics"
+	"github.com/kvpipe/kvpipe/snapshot"
 	"github.com/kvpipe/kvpipe/wire"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
@@ -50,6 +51,16 @@ type Config struct {
 	// during the call. It must not block, nor call Shutdown or RemoveWorker:
 	// both wait for the goroutine it runs on.
 	Observe func(worker string, seq uint64, payload []byte)
+	// Publish, when set, sees every batch of ops a worker hands its shard,
+	// in the worker's goroutine and before the shard, and returns the
+	// position it reached, kept in the worker's snapshot (a relay publishes
+	// the ops and returns their stream sequence). ctx ends when the worker
+	// stops. A removed worker's last call has the one op OpRemoveWorker.
+	// It needs Backpressure Block.
+	Publish func(ctx context.Context, worker string, ops []index.Op, o actor.Origin) uint64
+	// Source, when set, feeds the index with ops normalised elsewhere
+	// (relay.Follower); Run runs it beside the workers.
+	Source Source
 }
 
 // Backpressure says what a worker does when its shard is behind.
@@ -130,6 +141,8 @@ type Pipeline struct {
 	stopped chan struct{} // closed once every goroutine has stopped
 	// wrap, when set (by tests), wraps every worker's handler.
 	wrap func(wire.Handler) wire.Handler
+	// restored holds the snapshot's workers not yet started (Restore).
+	restored map[string]*snapshot.Worker
 }
 
 type phase uint8
@@ -144,11 +157,22 @@ const (
 type worker struct {
 	name     string
 	id       index.WorkerID
-	sub      *wire.Subscriber
+	sub      *wire.Subscriber            // nil for a fed worker
+	fed      *fedWorker                  // a Source's worker; nil for an engine's
 	actor    atomic.Pointer[actor.Actor] // set once the worker starts
 	restarts atomic.Uint64               // by its supervising goroutine; read by scrapes
+	ctx      context.Context             // ends when it stops
 	cancel   context.CancelFunc
 	done     chan struct{} // nil until started
+}
+
+// partial reports Match.Partial for w.
+func (w *worker) partial() bool {
+	if w.fed != nil {
+		return w.fed.partial.Load()
+	}
+	a := w.actor.Load()
+	return a != nil && a.Partial()
 }
 
 // New validates cfg and registers the pipeline's collectors. It starts
@@ -163,6 +187,10 @@ func New(cfg Config) (*Pipeline, error) {
 		return nil, fmt.Errorf("kvpipe: ShardQueue must not be negative, got %d", cfg.ShardQueue)
 	case cfg.Backpressure != Block && cfg.Backpressure != Drop:
 		return nil, fmt.Errorf("kvpipe: unknown Backpressure %d", cfg.Backpressure)
+	case cfg.Publish != nil && cfg.Backpressure == Drop:
+		// A batch published and then dropped here would resync the worker,
+		// and that resync would clear it in the stream too.
+		return nil, errors.New("kvpipe: Publish needs Backpressure Block")
 	}
 	if cfg.TierWeights == (index.Weights{}) {
 		cfg.TierWeights = index.DefaultWeights
@@ -272,6 +300,10 @@ func (p *Pipeline) RemoveWorker(ctx context.Context, name string) error {
 		p.mu.Unlock()
 		return fmt.Errorf("%w: %q", ErrNoWorker, name)
 	}
+	if w.fed != nil {
+		p.mu.Unlock()
+		return fmt.Errorf("kvpipe: worker %q is the Source's: it removes it", name)
+	}
 	delete(p.workers, name)
 	p.publish()
 	if w.done == nil { // never started
@@ -280,11 +312,15 @@ func (p *Pipeline) RemoveWorker(ctx context.Context, name string) error {
 	}
 	w.cancel()
 	removed := make(chan struct{})
-	shards := p.shards.Load()
+	shards, runCtx := p.shards.Load(), p.workerCtx
 	p.removing.Go(func() {
 		defer close(removed)
 		<-w.done // nothing of the worker can follow in its shard's queue
-		shards.Queue(w.id) <- &index.Batch{Worker: w.id, Ops: []index.Op{{Kind: index.OpRemoveWorker}}}
+		ops := []index.Op{{Kind: index.OpRemoveWorker}}
+		if p.cfg.Publish != nil {
+			p.cfg.Publish(runCtx, w.name, ops, actor.Origin{})
+		}
+		shards.Queue(w.id) <- &index.Batch{Worker: w.id, Ops: ops}
 	})
 	p.mu.Unlock()
 	select {
@@ -352,9 +388,8 @@ func (p *Pipeline) AppendMatches(ctx context.Context, dst []Match, keys []uint64
 	names := *p.names.Load()
 	for _, sc := range scores {
 		if w, ok := names[sc.Worker]; ok { // a worker removed meanwhile is left out
-			a := w.actor.Load()
 			dst = append(dst, Match{Worker: w.name, Blocks: sc.Blocks, Tiers: sc.Tiers, Score: sc.Weighted(p.cfg.TierWeights),
-				Partial: a != nil && a.Partial()})
+				Partial: w.partial()})
 		}
 	}
 	return dst, nil
@@ -401,6 +436,12 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	p.phase, p.workerCtx = running, workerCtx
 	for _, w := range p.workers {
 		p.start(w)
+	}
+	if p.cfg.Source != nil {
+		p.group.Go(func() error {
+			p.runSource(workerCtx, &Feed{p: p})
+			return nil
+		})
 	}
 	p.publish()
 	p.mu.Unlock()
@@ -468,6 +509,10 @@ type WorkerStats = metrics.Worker
 func (p *Pipeline) Stats() Stats {
 	var snap Stats
 	for _, w := range *p.list.Load() {
+		if w.fed != nil {
+			snap.Workers = append(snap.Workers, WorkerStats{Name: w.name, Actor: w.fed.stats()})
+			continue
+		}
 		ws := WorkerStats{Name: w.name, Wire: w.sub.Stats(), Restarts: w.restarts.Load()}
 		if a := w.actor.Load(); a != nil {
 			ws.Actor = a.Stats()
@@ -501,12 +546,22 @@ func (p *Pipeline) publish() {
 // start runs w under Run's group; p.mu is held.
 func (p *Pipeline) start(w *worker) {
 	ctx, cancel := context.WithCancel(p.workerCtx)
-	w.cancel, w.done = cancel, make(chan struct{})
-	w.actor.Store(actor.New(actor.Config{Worker: w.id, Name: w.name, BlockSize: p.cfg.BlockSize,
+	w.ctx, w.cancel, w.done = ctx, cancel, make(chan struct{})
+	ac := actor.Config{Worker: w.id, Name: w.name, BlockSize: p.cfg.BlockSize,
 		Shard: p.shards.Load().Queue(w.id), Backpressure: p.cfg.Backpressure, Weights: p.cfg.TierWeights, Done: ctx.Done(),
-		Logger: p.cfg.Logger}))
+		Logger: p.cfg.Logger}
+	if publish := p.cfg.Publish; publish != nil {
+		ac.Publish = func(ops []index.Op, o actor.Origin) uint64 { return publish(ctx, w.name, ops, o) }
+	}
+	w.actor.Store(actor.New(ac))
+	from := p.restored[w.name] // once: a worker added again later starts afresh
+	delete(p.restored, w.name)
 	p.group.Go(func() error {
 		defer close(w.done)
+		if from != nil && from.HasSeq {
+			w.actor.Load().Import(from)
+			w.sub.Resume(from.Seq, from.Fingerprint)
+		}
 		p.supervise(ctx, w)
 		return nil
 	})

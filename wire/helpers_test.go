@@ -76,6 +76,12 @@ func startSubscriber(t *testing.T, cfg Config) (*Subscriber, *recorder) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return s, runSubscriber(t, s)
+}
+
+// runSubscriber runs s until the test ends and waits for it.
+func runSubscriber(t *testing.T, s *Subscriber) *recorder {
+	t.Helper()
 	rec := newRecorder()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -86,7 +92,7 @@ func startSubscriber(t *testing.T, cfg Config) (*Subscriber, *recorder) {
 			t.Errorf("Run returned %v, want context.Canceled", err)
 		}
 	})
-	return s, rec
+	return rec
 }
 
 // syncUp publishes probe batches until the subscriber has one: PUB/SUB drops

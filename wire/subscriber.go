@@ -224,6 +224,19 @@ type Subscriber struct {
 	staleSub bool
 	// dropped counts the times the held live batches were thrown away.
 	dropped uint64
+	// calls are functions to run in Run's goroutine between batches
+	// (Checkpoint).
+	calls chan func(Position)
+}
+
+// Position is where a worker's stream stands: the last batch applied and
+// the fingerprint that proves it, as a snapshot records it.
+type Position struct {
+	Seq, Fingerprint uint64
+	// Known: there is a last batch, and its fingerprint is known (not
+	// right after an engine snapshot, which places the stream at a seq
+	// whose batch it did not see).
+	Known bool
 }
 
 type frame struct {
@@ -251,7 +264,54 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Subscriber{cfg: cfg, warn: pace.Limiter{Every: time.Second}}, nil
+	return &Subscriber{cfg: cfg, warn: pace.Limiter{Every: time.Second}, calls: make(chan func(Position))}, nil
+}
+
+// Resume places the stream after the batch seq whose payload has
+// fingerprint fp, as restored from a snapshot; call it before Run. The
+// first connection must then prove through the replay endpoint that the
+// engine is the incarnation that sent that batch, and replays what came
+// after it; else the handler gets a reset, as on any reconnect that cannot
+// be proven.
+func (s *Subscriber) Resume(seq, fp uint64) {
+	s.seq = SeqTracker{last: seq, fp: fp, fpKnown: true, dupFloor: seq, started: true}
+}
+
+// Checkpoint runs f in Run's goroutine between two handler calls, with the
+// stream's position, so that f sees the handler's state and the position
+// agree. It waits while Run is not running or is in the middle of a replay,
+// and returns ctx's error if f has not run when ctx ends.
+func (s *Subscriber) Checkpoint(ctx context.Context, f func(Position)) error {
+	done := make(chan struct{})
+	call := func(pos Position) { defer close(done); f(pos) }
+	select {
+	case s.calls <- call:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	<-done // it runs now; a handler call cannot be under way
+	return nil
+}
+
+func (s *Subscriber) position() Position {
+	seq, ok := s.seq.Last()
+	return Position{Seq: seq, Fingerprint: s.seq.fp, Known: ok && s.seq.fpKnown}
+}
+
+// sleep is pace.Sleep that serves Checkpoint calls meanwhile.
+func (s *Subscriber) sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
+		case call := <-s.calls:
+			call(s.position())
+		}
+	}
 }
 
 func (s *Subscriber) guard() guard {
@@ -285,7 +345,7 @@ func (s *Subscriber) Run(ctx context.Context, h Handler) error {
 				return ctx.Err()
 			}
 			s.logf("dial failed", "endpoint", s.cfg.Endpoint, "err", err)
-			if !pace.Sleep(ctx, backoff.Next()) {
+			if !s.sleep(ctx, backoff.Next()) {
 				return ctx.Err()
 			}
 			continue
@@ -303,7 +363,7 @@ func (s *Subscriber) Run(ctx context.Context, h Handler) error {
 		if s.stats.Batches.Load() != before {
 			backoff.Reset() // it worked for a while; a peer that only breaks keeps backing off
 		}
-		if !pace.Sleep(ctx, backoff.Next()) {
+		if !s.sleep(ctx, backoff.Next()) {
 			return ctx.Err()
 		}
 	}
@@ -372,6 +432,8 @@ func (s *Subscriber) serve(ctx context.Context, sub *zsock.Receiver, h Handler) 
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case call := <-s.calls:
+			call(s.position())
 		case <-idle:
 			return errIdle
 		case <-tail.C:

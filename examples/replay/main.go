@@ -32,6 +32,7 @@ import (
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/sim"
+	"github.com/kvpipe/kvpipe/snapshot"
 	"github.com/kvpipe/kvpipe/wire/wiretest"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -45,6 +46,11 @@ type options struct {
 	// How real the engines are.
 	partialTails, lora        bool
 	slidingWindow, hostBlocks int
+	// restartAt > 0: restart the router at that fraction of the trace, with
+	// and without a snapshot, and compare.
+	restartAt float64
+	// bufferSteps is each engine's replay buffer, in batches.
+	bufferSteps int
 }
 
 // engineOptions are the simulated engines' behaviours o asks for.
@@ -80,6 +86,8 @@ func main() {
 	flag.IntVar(&o.slidingWindow, "sliding-window", 4096, "engines run a hybrid model whose second group is a sliding window of this many tokens (0: none)")
 	flag.IntVar(&o.hostBlocks, "host-capacity", 100_000, "blocks each engine's CPU offload tier holds (0: no offload)")
 	flag.BoolVar(&o.lora, "lora", true, "some conversations run on LoRA adapters")
+	flag.Float64Var(&o.restartAt, "restart-at", 0, "restart the router at this fraction of the trace, once from its snapshot and once without, and compare their hit rates (0: no restart)")
+	flag.IntVar(&o.bufferSteps, "buffer-steps", 1000, "batches each engine keeps for replay (a simulated batch is a whole prompt, so fewer than vLLM's 10,000)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -99,6 +107,7 @@ type engine struct {
 	// Read after done is closed.
 	hits             hits
 	base, onAdapters claims
+	results          []sim.Result // by request; shared, each request written by its engine
 }
 
 // hits counts a routing's prefix hits in blocks.
@@ -123,11 +132,16 @@ func (e *engine) serve() {
 	var tokens []uint32
 	var payload []byte
 	for j := range e.requests {
+		if j.served != nil {
+			close(j.served)
+			continue
+		}
 		r := j.r
 		tokens = sim.InputTokens(tokens[:0], r)
 		var res sim.Result
 		events, res = e.cache.ServeResult(events[:0], r, tokens)
 		e.hits.add(res)
+		e.results[j.i] = res
 		if e.cache.Options().LoRA && r.Lora != "" {
 			e.onAdapters.add(j, res.DeviceHits)
 		} else {
@@ -165,17 +179,20 @@ func run(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	if o.workers <= 0 || o.capacity <= 0 || o.blockSize <= 0 || sim.TraceBlockTokens%o.blockSize != 0 {
 		return errors.New("--workers and --capacity must be positive, --block-size a divisor of 512")
 	}
+	if o.bufferSteps <= 0 {
+		o.bufferSteps = 1000
+	}
+	if o.restartAt < 0 || o.restartAt >= 1 {
+		return errors.New("--restart-at must be in [0, 1)")
+	}
 	reqs, source, err := loadTrace(o, stderr)
 	if err != nil {
 		return err
 	}
-	reg := prometheus.NewRegistry()
-	p, err := kvpipe.New(kvpipe.Config{BlockSize: o.blockSize, Shards: o.shards, Registry: reg,
-		Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
-	if err != nil {
-		return err
+	if o.restartAt > 0 {
+		return runRestart(ctx, o, reqs, source, stdout, stderr)
 	}
-	defer p.Shutdown(context.Background()) // on early returns; a second Shutdown does nothing
+	reg := prometheus.NewRegistry()
 	if o.metricsAddr != "" {
 		stopMetrics, err := serveMetrics(o.metricsAddr, reg)
 		if err != nil {
@@ -183,46 +200,109 @@ func run(ctx context.Context, o options, stdout, stderr io.Writer) error {
 		}
 		defer stopMetrics()
 	}
-	engines := make([]*engine, o.workers)
-	for i := range engines {
-		// A simulated step carries a whole prompt (about 100 KB), so keep fewer
-		// of them for replay than vLLM's 10,000.
-		pub, err := wiretest.NewPublisher(wiretest.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: 1000})
+	engines, err := startEngines(o, len(reqs))
+	if err != nil {
+		return err
+	}
+	defer stopEngines(engines)
+	r, err := startRouter(ctx, o, engines, reg, nil, stderr)
+	if err != nil {
+		return err
+	}
+	defer r.stop() // on early returns; a second stop does nothing
+	start := time.Now()
+	routed := route(ctx, o, reqs, 0, r.p, engines, stderr, start)
+	drainEngines(engines)
+	settle(r.p, engines)
+	wall := time.Since(start)
+	if err := r.stop(); err != nil {
+		return err
+	}
+	return report(stdout, o, source, reqs[:routed], engines, r.p.Stats().Total(), wall) // the counters outlive the run
+}
+
+// startEngines starts o.workers simulated engines for a trace of n requests.
+func startEngines(o options, n int) ([]*engine, error) {
+	results := make([]sim.Result, n) // each request's, written by the engine serving it
+	engines := make([]*engine, 0, o.workers)
+	for i := range o.workers {
+		pub, err := wiretest.NewPublisher(wiretest.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: o.bufferSteps})
 		if err != nil {
-			return err
+			stopEngines(engines)
+			return nil, err
 		}
 		e := &engine{name: fmt.Sprintf("engine-%d", i), cache: sim.NewEngine(o.blockSize, o.capacity, o.engineOptions()...), pub: pub,
-			requests: make(chan job, 64), done: make(chan struct{})}
-		engines[i] = e
-		defer pub.Close()
-		if err := p.AddWorker(e.name, kvpipe.WorkerConfig{Endpoint: "tcp://" + pub.Addr(), ReplayEndpoint: "tcp://" + pub.ReplayAddr()}); err != nil {
-			return err
-		}
-	}
-	runDone := make(chan error, 1)
-	go func() { runDone <- p.Run(context.Background()) }()
-	if err := waitConnected(ctx, p, len(engines)); err != nil {
-		p.Shutdown(context.Background())
-		<-runDone
-		return err
-	}
-	for _, e := range engines {
+			requests: make(chan job, 64), done: make(chan struct{}), results: results}
+		engines = append(engines, e)
 		go e.serve()
 	}
+	return engines, nil
+}
 
-	start := time.Now()
-	routed := route(ctx, o, reqs, p, engines, stderr, start)
+// drainEngines stops the engines' goroutines once they have served every
+// request routed to them; their publishers stay up.
+func drainEngines(engines []*engine) {
 	for _, e := range engines {
-		close(e.requests)
-		<-e.done
+		if e.requests != nil {
+			close(e.requests)
+			e.requests = nil
+			<-e.done
+		}
 	}
-	settle(p, engines)
-	wall := time.Since(start)
-	p.Shutdown(context.Background())
-	if err := <-runDone; err != nil {
-		return err
+}
+
+func stopEngines(engines []*engine) {
+	drainEngines(engines)
+	for _, e := range engines {
+		e.pub.Close()
 	}
-	return report(stdout, o, source, reqs[:routed], engines, p.Stats().Total(), wall) // the counters outlive the run
+}
+
+// router is a kvpipe Pipeline subscribed to every engine, and its Run.
+type router struct {
+	p       *kvpipe.Pipeline
+	runDone chan error
+	err     error
+	stopped bool
+}
+
+// startRouter runs a Pipeline on the engines, restored from snap when it
+// is not nil, and waits until it is connected to each of them.
+func startRouter(ctx context.Context, o options, engines []*engine, reg prometheus.Registerer, snap *snapshot.Snapshot, stderr io.Writer) (*router, error) {
+	p, err := kvpipe.New(kvpipe.Config{BlockSize: o.blockSize, Shards: o.shards, Registry: reg,
+		Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		return nil, err
+	}
+	if snap != nil {
+		if err := p.Restore(snap); err != nil {
+			p.Shutdown(context.Background())
+			return nil, err
+		}
+	}
+	for _, e := range engines {
+		if err := p.AddWorker(e.name, kvpipe.WorkerConfig{Endpoint: "tcp://" + e.pub.Addr(), ReplayEndpoint: "tcp://" + e.pub.ReplayAddr()}); err != nil {
+			p.Shutdown(context.Background())
+			return nil, err
+		}
+	}
+	r := &router{p: p, runDone: make(chan error, 1)}
+	go func() { r.runDone <- p.Run(context.Background()) }()
+	if err := waitConnected(ctx, p, len(engines)); err != nil {
+		r.stop()
+		return nil, err
+	}
+	return r, nil
+}
+
+// stop shuts the pipeline down and returns Run's error; once.
+func (r *router) stop() error {
+	if !r.stopped {
+		r.stopped = true
+		r.p.Shutdown(context.Background())
+		r.err = <-r.runDone
+	}
+	return r.err
 }
 
 // waitConnected publishes nothing: it waits until every SUB is connected, so
@@ -253,7 +333,18 @@ func waitConnected(ctx context.Context, p *kvpipe.Pipeline, n int) error {
 // tokens alone would have claimed.
 type job struct {
 	r              *sim.Request
+	i              int // its index in the trace
 	claimed, plain int
+	served         chan struct{} // not a request: closed once the ones before it are served
+}
+
+// quiesce waits until the engines have served every request routed to them.
+func quiesce(engines []*engine) {
+	for _, e := range engines {
+		j := job{served: make(chan struct{})}
+		e.requests <- j
+		<-j.served
+	}
 }
 
 // claims compares the router's claims with what the engine had when the
@@ -276,7 +367,8 @@ func (c *claims) add(j job, held int) {
 // route sends each request, at its trace time, to the worker with the least
 // prefill work (blocks it does not hold, weighed by tier, per
 // FindMatchesRequest) plus queued work.
-func route(ctx context.Context, o options, reqs []sim.Request, p *kvpipe.Pipeline, engines []*engine, stderr io.Writer, start time.Time) int {
+// The requests are the trace's from first on; it returns how many it routed.
+func route(ctx context.Context, o options, reqs []sim.Request, first int, p *kvpipe.Pipeline, engines []*engine, stderr io.Writer, start time.Time) int {
 	var h index.Hasher
 	load := make([]float64, len(engines)) // blocks of recent work, decaying
 	const tau = 5000.0                    // trace milliseconds for load to decay by e
@@ -290,7 +382,7 @@ func route(ctx context.Context, o options, reqs []sim.Request, p *kvpipe.Pipelin
 	for i, e := range engines {
 		byName[e.name] = i
 	}
-	for i := range reqs {
+	for i := first; i < len(reqs); i++ {
 		r := &reqs[i]
 		if o.speedup > 0 {
 			due := start.Add(time.Duration(float64(r.TimestampMs) / o.speedup * float64(time.Millisecond)))
@@ -330,7 +422,7 @@ func route(ctx context.Context, o options, reqs []sim.Request, p *kvpipe.Pipelin
 			}
 		}
 		load[best] += float64(len(keys)) - score[best]
-		j := job{r: r, claimed: device[best]}
+		j := job{r: r, i: i, claimed: device[best]}
 		if req.Lora != "" {
 			plain = h.Prompt(plain[:0], tokens, o.blockSize)
 			j.plain = blocksOf(ctx, p, engines[best].name, plain)

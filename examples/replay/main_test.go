@@ -81,3 +81,31 @@ func TestReplayRejectsBadFlags(t *testing.T) {
 		}
 	}
 }
+
+// A router restarted from its snapshot knows at once what the one before
+// it knew, proven against the engines (no resync); one restarted without
+// knows only what the engines' replay buffers still hold.
+func TestReplayRestart(t *testing.T) {
+	var out strings.Builder
+	o := options{workers: 2, capacity: 2_000, blockSize: 16, requests: 240, shards: 2, progress: time.Hour,
+		hostBlocks: 5_000, restartAt: 0.5, bufferSteps: 20}
+	if err := run(context.Background(), o, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	m := regexp.MustCompile(`with a snapshot\s+(\d+) blocks indexed.*resyncs (\d+)\n.*without\s+(\d+) blocks indexed`).FindStringSubmatch(s)
+	if m == nil {
+		t.Fatalf("summary lacks the restarts:\n%s", s)
+	}
+	with, _ := strconv.Atoi(m[1])
+	without, _ := strconv.Atoi(m[3])
+	if m[2] != "0" {
+		t.Errorf("the restored router resynced %s times, want 0:\n%s", m[2], s)
+	}
+	if with <= without {
+		t.Errorf("restored with %d blocks indexed, without a snapshot %d: the snapshot brought nothing:\n%s", with, without, s)
+	}
+	if !regexp.MustCompile(`snapshot\s+[1-9]\d* blocks in [1-9]\d* bytes`).MatchString(s) {
+		t.Errorf("no snapshot size:\n%s", s)
+	}
+}

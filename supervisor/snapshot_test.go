@@ -1,0 +1,357 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvpipe/kvpipe/actor"
+	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/snapshot"
+	"github.com/kvpipe/kvpipe/wire/wiretest"
+)
+
+// newSmallEngine is newEngine with a replay buffer of only steps batches.
+func newSmallEngine(t *testing.T, steps int) *engine {
+	t.Helper()
+	e := &engine{ep: freeTCP(t), replay: freeTCP(t)}
+	e.restart(t, steps)
+	return e
+}
+
+// restart replaces the engine's publisher by a new incarnation on the same
+// endpoints: its seqs start again from 0 and its buffer is empty.
+func (e *engine) restart(t *testing.T, steps int) {
+	t.Helper()
+	if e.pub != nil {
+		e.pub.Close()
+	}
+	pub, err := wiretest.NewPublisher(wiretest.PublisherConfig{Endpoint: e.ep, ReplayEndpoint: e.replay, BufferSteps: steps})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.pub = pub
+	t.Cleanup(func() { pub.Close() })
+}
+
+func (e *engine) remove(hashes ...uint64) {
+	ev := codec.Event{Type: codec.BlockRemoved, BlockHashes: hashes}
+	e.pub.Publish(codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{ev}}, codec.CurrentVLLM))
+}
+
+// snapshotTo takes p's snapshot and saves it in a file.
+func snapshotTo(t *testing.T, p *Pipeline) snapshot.File {
+	t.Helper()
+	st := snapshot.File{Path: filepath.Join(t.TempDir(), "index.kvps")}
+	if err := p.SaveSnapshot(context.Background(), st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// restoredPipeline runs a new pipeline from the snapshot in st.
+func restoredPipeline(t *testing.T, st snapshot.Store) *Pipeline {
+	t.Helper()
+	p, err := New(Config{BlockSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s snapshot.Snapshot
+	if _, err := snapshot.Load(context.Background(), st, &s, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Restore(&s); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// A router restarted from its snapshot has the blocks stored before it,
+// though the engine's replay buffer no longer does, and what the engine did
+// while it was down: the snapshot's seq is proven and what follows replayed.
+// An engine that restarted meanwhile, or one without a replay endpoint,
+// cannot prove continuity: its worker is resynced, and holds only the new
+// incarnation's blocks.
+func TestRestartFromASnapshot(t *testing.T) {
+	cases := []struct {
+		name          string
+		engineRestart bool
+		noReplay      bool
+	}{
+		{"proven", false, false},
+		{"engine restarted meanwhile", true, false},
+		{"no replay endpoint", false, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newSmallEngine(t, 3)
+			wc := WorkerConfig{Endpoint: e.ep, ReplayEndpoint: e.replay}
+			if c.noReplay {
+				wc.ReplayEndpoint = ""
+			}
+			p1 := startPipeline(t, Config{})
+			if err := p1.AddWorker("a", WorkerConfig{Endpoint: e.ep, ReplayEndpoint: e.replay}); err != nil {
+				t.Fatal(err)
+			}
+			e.store(prompt(1, 4), 16) // blocks 1-4
+			e.parent = 0
+			e.store(prompt(2, 3), 16) // 5-7
+			eventually(t, "both prompts indexed", nil, func() bool {
+				return scores(t, p1, prompt(1, 4))["a"] == 4 && scores(t, p1, prompt(2, 3))["a"] == 3
+			})
+			st := snapshotTo(t, p1)
+			if err := p1.Shutdown(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			// While no router listens: one block evicted, one prompt stored,
+			// and the buffer of 3 has lost the first batch.
+			if c.engineRestart {
+				e.restart(t, 3)
+				e.next = 100
+			}
+			e.remove(7)
+			e.parent = 0
+			e.store(prompt(3, 2), 16)
+
+			p2 := restoredPipeline(t, st)
+			runUntilCleanup(t, p2)
+			if err := p2.AddWorker("a", wc); err != nil {
+				t.Fatal(err)
+			}
+			want := map[int]int{1: 4, 2: 2, 3: 2} // prompt -> blocks held
+			resyncs := uint64(0)
+			switch {
+			case c.engineRestart:
+				want, resyncs = map[int]int{1: 0, 2: 0, 3: 2}, 1
+			case c.noReplay: // nothing can be proven, and nothing replayed: the live stream goes on
+				want, resyncs = map[int]int{1: 0, 2: 0, 3: 0}, 1
+			}
+			lens := map[int]int{1: 4, 2: 3, 3: 2}
+			eventually(t, "the index as the engine", nil, func() bool {
+				st := p2.Stats()
+				if len(st.Workers) != 1 || st.Workers[0].Actor.Resyncs != resyncs {
+					return false
+				}
+				for pr, n := range want {
+					if scores(t, p2, prompt(pr, lens[pr]))["a"] != n {
+						return false
+					}
+				}
+				return true
+			})
+			ws := p2.Stats().Workers[0]
+			if !c.engineRestart && !c.noReplay {
+				if ws.Actor.Partial {
+					t.Error("a worker restored whole and proven is partial")
+				}
+				if ws.Wire.Lost != 0 || ws.Wire.Restarts != 0 {
+					t.Errorf("lost %d restarts %d, want none", ws.Wire.Lost, ws.Wire.Restarts)
+				}
+			}
+		})
+	}
+}
+
+// runUntilCleanup runs an already built pipeline until the test ends.
+func runUntilCleanup(t *testing.T, p *Pipeline) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- p.Run(context.Background()) }()
+	t.Cleanup(func() {
+		p.Shutdown(context.Background())
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+}
+
+func TestRestoreErrors(t *testing.T) {
+	good := snapshot.Snapshot{Version: snapshot.Version, BlockSize: 16, KeySeed: index.Seed, Workers: []snapshot.Worker{{Name: []byte("a")}}}
+	cases := []struct {
+		name string
+		s    snapshot.Snapshot
+		want string
+	}{
+		{"block size", snapshot.Snapshot{Version: snapshot.Version, BlockSize: 32}, "block size is 32"},
+		{"inconsistent", snapshot.Snapshot{Version: snapshot.Version, BlockSize: 16,
+			Workers: []snapshot.Worker{{Name: []byte("a"), Hashes: []uint64{1}}}}, "keys"},
+		{"version", snapshot.Snapshot{Version: 99, BlockSize: 16}, "version"},
+		{"key seed", snapshot.Snapshot{Version: snapshot.Version, BlockSize: 16, KeySeed: index.Seed + 1}, "seed"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p, err := New(Config{BlockSize: 16})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Shutdown(context.Background())
+			err = p.Restore(&c.s)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("Restore: %v, want an error naming %q", err, c.want)
+			}
+			if p.restored != nil {
+				t.Error("a refused snapshot was kept")
+			}
+		})
+	}
+	p := startPipeline(t, Config{})
+	eventually(t, "running", nil, func() bool { return p.shards.Load() != nil })
+	if err := p.Restore(&good); err == nil {
+		t.Error("Restore after Run: no error")
+	}
+	var s snapshot.Snapshot
+	idle, err := New(Config{BlockSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := idle.Snapshot(context.Background(), &s); !errors.Is(err, ErrNotRunning) {
+		t.Errorf("Snapshot before Run: %v, want ErrNotRunning", err)
+	}
+	idle.Shutdown(context.Background())
+	if err := idle.Snapshot(context.Background(), &s); !errors.Is(err, ErrClosed) {
+		t.Errorf("Snapshot after Shutdown: %v, want ErrClosed", err)
+	}
+}
+
+// source is a Source that applies what the test sends it.
+type source struct{ ops chan fedOps }
+
+type fedOps struct {
+	worker  string
+	partial bool
+	ops     []index.Op
+	err     chan error
+}
+
+func (s source) Run(ctx context.Context, f *Feed) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case o := <-s.ops:
+			o.err <- f.Apply(ctx, o.worker, o.partial, o.ops)
+		}
+	}
+}
+
+func (s source) apply(t *testing.T, worker string, partial bool, ops ...index.Op) error {
+	t.Helper()
+	errc := make(chan error, 1)
+	s.ops <- fedOps{worker, partial, ops, errc}
+	select {
+	case err := <-errc:
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatal("the source never applied the ops")
+		return nil
+	}
+}
+
+// A Source's workers are made by its ops and removed by them, answer
+// FindMatches like engine workers, and stay out of snapshots.
+func TestSourceFeedsTheIndex(t *testing.T) {
+	src := source{ops: make(chan fedOps)}
+	p := startPipeline(t, Config{Source: src})
+	var h index.Hasher
+	keys := h.Prompt(nil, prompt(1, 3), 16)
+	var ops []index.Op
+	for _, k := range keys {
+		ops = append(ops, index.Op{Kind: index.OpStore, Hash: k}, index.Op{Kind: index.OpStore, Tier: index.TierHost, Hash: k})
+	}
+	if err := src.apply(t, "remote", false, ops...); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.apply(t, "other", true, ops[:2]...); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := p.FindMatches(context.Background(), prompt(1, 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]Match{}
+	for _, m := range ms {
+		got[m.Worker] = m
+	}
+	if m := got["remote"]; m.Blocks != 3 || m.Tiers[index.TierHost] != 3 || m.Partial {
+		t.Errorf("remote: %+v, want 3 blocks on device and host, not partial", m)
+	}
+	if m := got["other"]; m.Blocks != 1 || !m.Partial {
+		t.Errorf("other: %+v, want 1 block, partial", m)
+	}
+	st := p.Stats()
+	if len(st.Workers) != 2 || st.Workers[1].Actor.TierBlocks[index.TierHost] != 3 {
+		t.Errorf("stats %+v, want two workers, remote's host tier of 3", st.Workers)
+	}
+	var snap snapshot.Snapshot
+	if err := p.Snapshot(context.Background(), &snap); err != nil || len(snap.Workers) != 0 {
+		t.Errorf("snapshot of source workers: %d workers, err %v; want none", len(snap.Workers), err)
+	}
+	if err := p.AddWorker("remote", WorkerConfig{Endpoint: freeTCP(t)}); err == nil {
+		t.Error("an engine worker took a source worker's name")
+	}
+	if err := p.RemoveWorker(context.Background(), "remote"); err == nil {
+		t.Error("RemoveWorker took a source worker")
+	}
+	// Removed by its ops, then made again by the ones after.
+	if err := src.apply(t, "remote", false, index.Op{Kind: index.OpRemoveWorker}, ops[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := scores(t, p, prompt(1, 3))["remote"]; got != 1 {
+		t.Errorf("remote after its removal and one store: %d blocks, want 1", got)
+	}
+}
+
+// Publish sees each worker's ops before its shard, and a removed worker's
+// OpRemoveWorker last; a snapshot records what it last returned.
+func TestPublishHook(t *testing.T) {
+	type call struct {
+		worker string
+		ops    []index.Op
+	}
+	calls := make(chan call, 1000)
+	var seq uint64 // only the worker's goroutine, then the remover, call it
+	p := startPipeline(t, Config{Publish: func(_ context.Context, worker string, ops []index.Op, _ actor.Origin) uint64 {
+		calls <- call{worker, append([]index.Op(nil), ops...)}
+		seq++
+		return seq
+	}})
+	e := newEngine(t)
+	if err := p.AddWorker("a", WorkerConfig{Endpoint: e.ep, ReplayEndpoint: e.replay}); err != nil {
+		t.Fatal(err)
+	}
+	e.store(prompt(1, 2), 16)
+	var h index.Hasher
+	keys := h.Prompt(nil, prompt(1, 2), 16)
+	select {
+	case c := <-calls:
+		if c.worker != "a" || len(c.ops) != 2 || c.ops[0].Hash != keys[0] || c.ops[1].Hash != keys[1] {
+			t.Fatalf("published %+v, want a's two stores", c)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("nothing published")
+	}
+	var snap snapshot.Snapshot
+	if err := p.Snapshot(context.Background(), &snap); err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.Workers) != 1 || snap.Workers[0].StreamSeq != 1 || !snap.Workers[0].HasSeq || snap.Workers[0].Seq != 0 {
+		t.Fatalf("snapshot workers %+v, want a at seq 0, stream seq 1", snap.Workers)
+	}
+	if err := p.RemoveWorker(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	c := <-calls
+	if len(c.ops) != 1 || c.ops[0].Kind != index.OpRemoveWorker {
+		t.Fatalf("published on removal %+v, want one OpRemoveWorker", c)
+	}
+}

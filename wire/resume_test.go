@@ -1,0 +1,101 @@
+package wire
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/kvpipe/kvpipe/wire/wiretest"
+)
+
+// A subscriber resumed from a snapshot's seq and fingerprint proves
+// continuity at its first connection and gets only what came after; a
+// fingerprint the engine's batch does not have is another incarnation,
+// replayed from its first batch after a restart reset; without a replay
+// endpoint nothing can be proven, and the worker is reset.
+func TestResumeFromASnapshot(t *testing.T) {
+	cases := []struct {
+		name      string
+		replay    bool
+		fp        func() uint64
+		wantReset *ResetReason
+		from      int // the first batch delivered
+	}{
+		{"proven", true, func() uint64 { return Fingerprint(body(4)) }, nil, 5},
+		{"another incarnation", true, func() uint64 { return Fingerprint([]byte("not batch 4")) }, ptr(ResetRestart), 0},
+		{"no replay endpoint", false, func() uint64 { return Fingerprint(body(4)) }, ptr(ResetUnproven), -1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ep, replay := freeTCP(t), ""
+			if c.replay {
+				replay = freeTCP(t)
+			}
+			pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep, ReplayEndpoint: replay})
+			defer pub.Close()
+			for i := range 10 { // sent before anyone listens: only the replay buffer has them
+				pub.Publish(body(i))
+			}
+			s, err := NewSubscriber(Config{Endpoint: ep, ReplayEndpoint: replay,
+				Options: Options{ReconnectMin: 20 * time.Millisecond, ReconnectMax: 200 * time.Millisecond}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.Resume(4, c.fp())
+			rec := runSubscriber(t, s)
+			if c.wantReset != nil {
+				if got := rec.next(t); !got.reset || got.why != *c.wantReset {
+					t.Fatalf("first call %+v, want a %v reset", got, *c.wantReset)
+				}
+			}
+			if c.from < 0 { // nothing replayed: the next live batch goes on
+				last := syncUp(t, pub, rec)
+				if last < 10 {
+					t.Fatalf("live batches from %d", last)
+				}
+				return
+			}
+			var want []string
+			for i := c.from; i < 10; i++ {
+				want = append(want, string(body(i)))
+			}
+			expectBatches(t, rec, uint64(c.from), want...)
+			if got, ok := rec.quiet(100 * time.Millisecond); !ok {
+				t.Errorf("unexpected call %+v", got)
+			}
+			var pos Position
+			if err := s.Checkpoint(context.Background(), func(p Position) { pos = p }); err != nil {
+				t.Fatal(err)
+			}
+			if want := (Position{Seq: 9, Fingerprint: Fingerprint(body(9)), Known: true}); pos != want {
+				t.Errorf("position %+v, want %+v", pos, want)
+			}
+		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// Checkpoint runs in Run's goroutine, so it waits for Run, and gives up
+// with its context.
+func TestCheckpointWaitsForRun(t *testing.T) {
+	s, err := NewSubscriber(Config{Endpoint: freeTCP(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	ran := false
+	if err := s.Checkpoint(ctx, func(Position) { ran = true }); err != context.DeadlineExceeded || ran {
+		t.Fatalf("Checkpoint without Run: err %v, ran %v; want the deadline and no call", err, ran)
+	}
+	// Run with no publisher there: it is dialling, and still answers.
+	runSubscriber(t, s)
+	var pos Position
+	if err := s.Checkpoint(context.Background(), func(p Position) { pos = p }); err != nil {
+		t.Fatal(err)
+	}
+	if pos.Known {
+		t.Errorf("position %+v before any batch, want none known", pos)
+	}
+}
