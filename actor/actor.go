@@ -72,7 +72,9 @@ type Config struct {
 type Origin struct {
 	// Batch: the ops come from the engine batch Seq, whose payload has
 	// Fingerprint; Part counts the batches of ops it made (0 first). Else
-	// they come from a reset, a recovery, a snapshot or a restore.
+	// they come from a reset, a recovery, an engine's snapshot or a start
+	// afresh. (What an imported snapshot puts back is not published: the
+	// stream has it.)
 	Batch       bool
 	Seq         uint64
 	Fingerprint uint64
@@ -174,6 +176,9 @@ type block struct {
 	split     int32
 	hasParent bool
 	tiers     uint8 // the tiers the index holds it in, as of gen
+	// restored: the tiers a snapshot says it is in, indexed once the
+	// snapshot's position is proven (Actor.pending).
+	restored uint8
 }
 
 // held returns the tiers the index holds b in now.
@@ -237,6 +242,10 @@ type Actor struct {
 	origin    Origin // of the ops being made, for Config.Publish
 	streamSeq uint64 // what Config.Publish last returned
 	restoring bool   // Import: its ops are not published
+	// pending: an imported snapshot waits for its position to be proven
+	// before its blocks (block.restored) go into the index, with
+	// pendingPartial as the worker's partial flag.
+	pending, pendingPartial bool
 }
 
 // New returns the actor of one worker.
@@ -264,7 +273,10 @@ func (a *Actor) Stats() Stats { return a.stats.load() }
 // the read path.
 func (a *Actor) Partial() bool { return a.stats.Partial.Load() }
 
-var _ wire.SnapshotHandler = (*Actor)(nil)
+var (
+	_ wire.SnapshotHandler = (*Actor)(nil)
+	_ wire.ResumeHandler   = (*Actor)(nil)
+)
 
 // HandleBatch decodes one batch, filters and converts its events, and sends
 // the resulting ops to the shard.
@@ -275,6 +287,9 @@ func (a *Actor) HandleBatch(seq uint64, payload []byte) {
 		a.origin.Fingerprint = wire.Fingerprint(payload)
 	}
 	defer a.unsourced()
+	if a.pending { // a batch after a resume: its position was proven
+		a.activate()
+	}
 	if a.fresh {
 		a.fresh = false
 		if seq == 0 { // an incarnation's first batch: its cache started empty
@@ -470,6 +485,7 @@ func (a *Actor) forget(ext uint64, b block) {
 // entries become known but not indexed. The tiers it used are kept: the
 // engine may still hold blocks in them.
 func (a *Actor) unindex() {
+	a.pending = false // a reset before the proof: the snapshot is not the engine's
 	a.room(1)
 	if len(a.routerOf) > maxKept {
 		a.routerOf = make(map[uint64]block) // not clear: give its peak memory back

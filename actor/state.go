@@ -8,9 +8,13 @@ import (
 // Export writes the actor's state into w (all but its name and stream
 // position, which are the caller's), reusing w's slices: the block mapping
 // with the tiers each block is indexed in, the learned groups and the
-// full-block history. Call it in the actor's goroutine.
+// full-block history. An imported snapshot not yet proven is exported as it
+// was imported. Call it in the actor's goroutine.
 func (a *Actor) Export(w *snapshot.Worker) {
 	w.Partial = a.stats.Partial.Load()
+	if a.pending {
+		w.Partial = a.pendingPartial
+	}
 	w.FullSeen = a.fullSeen
 	w.SplitK = a.splitK
 	w.UsedTiers = a.usedTiers
@@ -22,7 +26,11 @@ func (a *Actor) Export(w *snapshot.Worker) {
 	}
 	w.Hashes, w.Keys, w.Parents, w.Flags, w.Split = w.Hashes[:0], w.Keys[:0], w.Parents[:0], w.Flags[:0], w.Split[:0]
 	for h, b := range a.routerOf {
-		flags := b.held(a.gen) << snapshot.TierShift
+		tiers := b.held(a.gen)
+		if a.pending {
+			tiers |= b.restored
+		}
+		flags := tiers << snapshot.TierShift
 		if b.hasParent {
 			flags |= snapshot.FlagParent
 		}
@@ -39,12 +47,15 @@ func (a *Actor) Export(w *snapshot.Worker) {
 }
 
 // Import replaces the actor's state with w's, as Export wrote it and
-// snapshot.Check passed it, and rebuilds the worker's index entries from
-// it: the worker is cleared, then each block goes back into the tiers it
-// was indexed in. Call it in the actor's goroutine, before its first batch.
+// snapshot.Check passed it, and clears the worker in the index. The blocks
+// go back into the index once the snapshot's position is proven: at
+// HandleResumed, or at the first batch (the Subscriber delivers one after
+// a Resume only once proven); a reset first drops them, leaving the mapping
+// as a reset does. Until then the worker is partial. Call it in the actor's
+// goroutine; what it held before goes.
 func (a *Actor) Import(w *snapshot.Worker) {
-	// The entries rebuilt here are the snapshot's, already in the stream a
-	// Publish feeds: they go to the shard only.
+	// The entries rebuilt from it are the snapshot's, already in the stream
+	// a Publish feeds: they go to the shard only.
 	a.restoring = true
 	defer func() { a.restoring = false }()
 	a.clear()
@@ -61,7 +72,7 @@ func (a *Actor) Import(w *snapshot.Worker) {
 	for i, h := range w.Hashes {
 		f := w.Flags[i]
 		b := block{key: w.Keys[i], parent: w.Parents[i], hasParent: f&snapshot.FlagParent != 0, split: -1,
-			gen: a.gen - 1} // known, not indexed until hold
+			gen: a.gen - 1, restored: f >> snapshot.TierShift & (1<<index.NumTiers - 1)}
 		if f&snapshot.FlagSplit != 0 {
 			n := a.splitK - 1
 			if n < 1 || next+n > len(w.Split) {
@@ -70,16 +81,52 @@ func (a *Actor) Import(w *snapshot.Worker) {
 			b.split = a.slot(w.Split[next : next+n])
 			next += n
 		}
-		if old, dup := a.routerOf[h]; dup { // not from Export; keep the mapping a function
+		if old, dup := a.routerOf[h]; dup { // snapshot.Check does not look for these: the last one wins
 			a.forget(h, old)
 		}
 		a.routerOf[h] = b
+	}
+	a.pending, a.pendingPartial = true, w.Partial
+	a.stats.Partial.Store(true)
+	a.flush()
+}
+
+// StartAfresh clears the worker in the index, and in the stream a Publish
+// feeds: nothing of it is known, and what an earlier process published for
+// it may be stale. Call it in the actor's goroutine, before its first batch.
+func (a *Actor) StartAfresh() {
+	a.unindex()
+	a.flush()
+}
+
+// HandleResumed puts an imported snapshot's blocks into the index: the
+// Subscriber has proven its position.
+func (a *Actor) HandleResumed() {
+	if a.pending {
+		a.activate()
+		a.flush()
+	}
+}
+
+// activate indexes the blocks of a proven snapshot. The partial flag comes
+// first, so that a batch dropped meanwhile (Drop) leaves the worker partial.
+func (a *Actor) activate() {
+	a.pending = false
+	a.stats.Partial.Store(a.pendingPartial)
+	a.restoring = true // already in the stream a Publish feeds
+	defer func() { a.restoring = false }()
+	for h, b := range a.routerOf {
+		tiers := b.restored
+		if tiers == 0 {
+			continue
+		}
+		b.restored = 0
+		a.routerOf[h] = b
 		for t := range index.Tier(index.NumTiers) {
-			if f&(bit(t)<<snapshot.TierShift) != 0 {
+			if tiers&bit(t) != 0 {
 				a.hold(h, a.routerOf[h], t)
 			}
 		}
 	}
-	a.stats.Partial.Store(w.Partial)
 	a.flush()
 }

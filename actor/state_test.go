@@ -18,7 +18,7 @@ import (
 
 // roundTrip exports a, encodes and decodes the snapshot, and imports it
 // into a new actor on shard: what a restarted router does.
-func roundTrip(t *testing.T, a *Actor, cfg Config) *Actor {
+func roundTrip(t *testing.T, a *Actor, cfg Config, resumed bool) *Actor {
 	t.Helper()
 	s := snapshot.Snapshot{Version: snapshot.Version, BlockSize: a.cfg.BlockSize, Workers: make([]snapshot.Worker, 1)}
 	a.Export(&s.Workers[0])
@@ -33,6 +33,9 @@ func roundTrip(t *testing.T, a *Actor, cfg Config) *Actor {
 	}
 	b := New(cfg)
 	b.Import(&back.Workers[0])
+	if resumed { // else the first batch proves it
+		b.HandleResumed()
+	}
 	return b
 }
 
@@ -120,7 +123,7 @@ func TestRestoredActorGoesOnLikeTheOriginal(t *testing.T) {
 				for i := range reqs {
 					if i == restoreAt {
 						for w := range workers {
-							bs[w] = roundTrip(t, as[w], Config{Worker: index.WorkerID(w), BlockSize: c.bs, Shard: restored.Queue(index.WorkerID(w))})
+							bs[w] = roundTrip(t, as[w], Config{Worker: index.WorkerID(w), BlockSize: c.bs, Shard: restored.Queue(index.WorkerID(w))}, true)
 						}
 					}
 					w := rng.IntN(workers)
@@ -209,13 +212,26 @@ func TestImportRebuildsTheIndexedBlocksOnly(t *testing.T) {
 
 	published := 0
 	ch := make(chan *index.Batch, 16)
-	b := roundTrip(t, h.a, Config{Worker: 1, BlockSize: 16, Shard: ch, Publish: func([]index.Op, Origin) uint64 { published++; return 0 }})
+	b := roundTrip(t, h.a, Config{Worker: 1, BlockSize: 16, Shard: ch, Publish: func([]index.Op, Origin) uint64 { published++; return 0 }}, false)
 	r := &harness{t: t, a: b, shard: ch}
 	r.collect()
+	if d := gocmp.Diff([]op{{index.OpClearWorker, 0, 0}}, r.took(), gocmp.AllowUnexported(op{})); d != "" {
+		t.Fatalf("ops of the import before its position is proven (-want +got):\n%s", d)
+	}
+	if !b.Partial() {
+		t.Error("a worker imported and not yet proven is not partial")
+	}
+	var w snapshot.Worker
+	b.Export(&w)
+	if n := len(w.Flags); n != 3 || w.Flags[slices.Index(w.Hashes, 9)]>>snapshot.TierShift != bit(index.TierDevice)|bit(index.TierHost) {
+		t.Errorf("an unproven import exports %d blocks, flags %v: want the snapshot as imported", n, w.Flags)
+	}
+	b.HandleResumed()
+	r.collect()
 	k9 := hasher.Prompt(nil, tokens(5, 1, 16), 16)[0]
-	want := []op{{index.OpClearWorker, 0, 0}, {index.OpStore, index.TierDevice, k9}, {index.OpStore, index.TierHost, k9}}
+	want := []op{{index.OpStore, index.TierDevice, k9}, {index.OpStore, index.TierHost, k9}}
 	if d := gocmp.Diff(want, r.took(), gocmp.AllowUnexported(op{})); d != "" {
-		t.Fatalf("ops of the import (-want +got):\n%s", d)
+		t.Fatalf("ops once proven (-want +got):\n%s", d)
 	}
 	if published != 0 {
 		t.Errorf("the import published %d batches, want none", published)
@@ -231,6 +247,22 @@ func TestImportRebuildsTheIndexedBlocksOnly(t *testing.T) {
 	}
 	if published != 1 {
 		t.Errorf("published %d batches after the import, want 1", published)
+	}
+
+	// Without HandleResumed, the first batch proves the position; a reset
+	// before it drops the snapshot's entries.
+	for _, resetFirst := range []bool{false, true} {
+		ch := make(chan *index.Batch, 16)
+		c := roundTrip(t, h.a, Config{Worker: 1, BlockSize: 16, Shard: ch}, false)
+		r := &harness{t: t, a: c, shard: ch}
+		if resetFirst {
+			c.HandleReset(wire.ResetRestart)
+		}
+		r.send(stored(77, 16))
+		st := c.Stats()
+		if want := map[bool]int64{false: 2, true: 1}[resetFirst]; st.TierBlocks[index.TierDevice] != want {
+			t.Errorf("reset first %v: %d device blocks after the first batch, want %d", resetFirst, st.TierBlocks[index.TierDevice], want)
+		}
 	}
 }
 

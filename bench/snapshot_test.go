@@ -61,6 +61,7 @@ func BenchmarkSnapshot(b *testing.B) {
 			}
 			for i, a := range actors {
 				a.Import(&back.Workers[i])
+				a.HandleResumed() // as once the engine proves the snapshot's seq
 			}
 			if err := shards.Sync(context.Background()); err != nil {
 				b.Fatal(err)

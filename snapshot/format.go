@@ -180,6 +180,9 @@ func (s *Snapshot) reset() {
 	*s = Snapshot{Workers: ws[:0]}
 }
 
+// pairwiseWorkers is the most workers Check compares pairwise.
+const pairwiseWorkers = 64
+
 // Check reports whether s is consistent: what Append requires and Decode
 // verifies. Its errors wrap ErrVersion for a Version other than Version,
 // and ErrCorrupt otherwise. It allocates nothing unless it fails.
@@ -190,15 +193,28 @@ func (s *Snapshot) Check() error {
 	if s.BlockSize <= 0 {
 		return fmt.Errorf("%w: block size %d", ErrCorrupt, s.BlockSize)
 	}
+	// Few workers are compared pairwise, which allocates nothing; many, in a
+	// map, so that a crafted snapshot of a million workers costs no more
+	// than its size.
+	var seen map[string]int
+	if len(s.Workers) > pairwiseWorkers {
+		seen = make(map[string]int, len(s.Workers))
+	}
 	for i := range s.Workers {
 		w := &s.Workers[i]
 		if len(w.Name) == 0 {
 			return fmt.Errorf("%w: worker %d: empty name", ErrCorrupt, i)
 		}
-		// Quadratic, but workers are few and a map would allocate.
-		for j := range i {
-			if bytes.Equal(s.Workers[j].Name, w.Name) {
+		if seen != nil {
+			if j, dup := seen[string(w.Name)]; dup {
 				return fmt.Errorf("%w: worker %d (%q): same name as worker %d", ErrCorrupt, i, w.Name, j)
+			}
+			seen[string(w.Name)] = i
+		} else {
+			for j := range i {
+				if bytes.Equal(s.Workers[j].Name, w.Name) {
+					return fmt.Errorf("%w: worker %d (%q): same name as worker %d", ErrCorrupt, i, w.Name, j)
+				}
 			}
 		}
 		if p := w.problem(); p != "" {
@@ -304,4 +320,14 @@ func (w *Worker) OpCount() int {
 		n += bits.OnesCount8(f&tierMask) * keys
 	}
 	return n
+}
+
+// Clone returns a copy of w that shares no memory with it.
+func (w *Worker) Clone() Worker {
+	c := *w
+	c.Name = slices.Clone(w.Name)
+	c.GroupIdx, c.GroupMain = slices.Clone(w.GroupIdx), slices.Clone(w.GroupMain)
+	c.Hashes, c.Keys, c.Parents = slices.Clone(w.Hashes), slices.Clone(w.Keys), slices.Clone(w.Parents)
+	c.Flags, c.Split = slices.Clone(w.Flags), slices.Clone(w.Split)
+	return c
 }

@@ -70,43 +70,59 @@ func (f *fedWorker) count(op index.Op) {
 // Apply hands ops to worker's shard, in order, waiting while the shard is
 // behind or until ctx ends. partial is the worker's state after them
 // (Match.Partial). Ops after an OpRemoveWorker belong to a new worker of
-// that name. The Source must not call Apply concurrently for one worker.
+// that name. An op of an unknown kind or tier fails the call before any of
+// its ops is applied; a call that ctx ends may have applied some. Calls for
+// one worker must not run concurrently.
 func (f *Feed) Apply(ctx context.Context, worker string, partial bool, ops []index.Op) error {
+	for i, op := range ops {
+		if op.Kind > index.OpClearTier || op.Tier >= index.NumTiers {
+			return fmt.Errorf("kvpipe: source worker %q: op %d has kind %d, tier %d: none of its ops applied", worker, i, op.Kind, op.Tier)
+		}
+	}
 	for len(ops) > 0 {
 		w, err := f.p.fedWorker(worker)
 		if err != nil {
 			return err
 		}
-		n := len(ops)
-		for i, op := range ops {
-			if op.Kind == index.OpRemoveWorker {
-				n = i + 1
-				break
-			}
-		}
-		queue := f.p.shards.Load().Queue(w.id)
-		for part := ops[:n]; len(part) > 0; {
-			k := min(len(part), maxFedOps)
-			b := &index.Batch{Worker: w.id, Ops: append([]index.Op(nil), part[:k]...)}
-			select {
-			case queue <- b:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-			for _, op := range part[:k] {
-				w.fed.count(op)
-			}
-			w.fed.batches.Add(1)
-			part = part[k:]
-		}
-		if ops[n-1].Kind == index.OpRemoveWorker {
-			f.p.dropFed(w)
-		} else {
-			w.fed.partial.Store(partial)
+		n, err := f.send(ctx, w, partial, ops)
+		f.p.feeding.Done()
+		if err != nil {
+			return err
 		}
 		ops = ops[n:]
 	}
 	return nil
+}
+
+// send queues ops for w up to and with the first OpRemoveWorker, and
+// returns how many that was.
+func (f *Feed) send(ctx context.Context, w *worker, partial bool, ops []index.Op) (int, error) {
+	n := len(ops)
+	for i, op := range ops {
+		if op.Kind == index.OpRemoveWorker {
+			n = i + 1
+			break
+		}
+	}
+	queue := f.p.shards.Load().Queue(w.id)
+	for part := ops[:n]; len(part) > 0; part = part[min(len(part), maxFedOps):] {
+		b := &index.Batch{Worker: w.id, Ops: append([]index.Op(nil), part[:min(len(part), maxFedOps)]...)}
+		select {
+		case queue <- b:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+		for _, op := range b.Ops {
+			w.fed.count(op)
+		}
+		w.fed.batches.Add(1)
+	}
+	if ops[n-1].Kind == index.OpRemoveWorker {
+		f.p.dropFed(w)
+	} else {
+		w.fed.partial.Store(partial)
+	}
+	return n, nil
 }
 
 // maxFedOps bounds a fed batch, as the actor bounds its own.
@@ -115,7 +131,8 @@ const maxFedOps = 256
 // BlockSize is the pipeline's router block size.
 func (f *Feed) BlockSize() int { return f.p.cfg.BlockSize }
 
-// fedWorker returns the Source's worker of that name, made on first use.
+// fedWorker returns the Source's worker of that name, made on first use,
+// with p.feeding counting the caller in (the shards stay open until Done).
 func (p *Pipeline) fedWorker(name string) (*worker, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -126,11 +143,16 @@ func (p *Pipeline) fedWorker(name string) (*worker, error) {
 		if w.fed == nil {
 			return nil, fmt.Errorf("kvpipe: source worker %q: an engine worker has that name", name)
 		}
+		p.feeding.Add(1)
 		return w, nil
 	}
 	if name == "" {
 		return nil, errors.New("kvpipe: source worker name must not be empty")
 	}
+	if p.leaving[name] {
+		return nil, fmt.Errorf("kvpipe: source worker %q: an engine worker of that name is being removed", name)
+	}
+	p.feeding.Add(1)
 	w := &worker{name: name, id: p.nextID, fed: new(fedWorker)}
 	w.fed.partial.Store(true) // until its ops say otherwise
 	p.nextID++
@@ -154,7 +176,7 @@ func (p *Pipeline) runSource(ctx context.Context, f *Feed) {
 	backoff := pace.Backoff{Min: p.cfg.RestartMin, Max: p.cfg.RestartMax}
 	for {
 		start := time.Now()
-		err := p.cfg.Source.Run(ctx, f)
+		err := p.runSourceOnce(ctx, f)
 		if ctx.Err() != nil {
 			return
 		}
@@ -168,15 +190,29 @@ func (p *Pipeline) runSource(ctx context.Context, f *Feed) {
 	}
 }
 
+// runSourceOnce runs the Source once; a panic in it is its error, and
+// restarts it like a worker's.
+func (p *Pipeline) runSourceOnce(ctx context.Context, f *Feed) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("kvpipe: source panicked: %v", r)
+		}
+	}()
+	return p.cfg.Source.Run(ctx, f)
+}
+
 // ErrNotRunning is returned by Snapshot before Run.
 var ErrNotRunning = errors.New("kvpipe: pipeline not running")
 
 // Snapshot fills dst with the state of every engine worker, reusing dst's
 // slices. Each worker's part is taken in its own goroutine between two
 // batches, so that its entries, last seq and fingerprint agree. It waits for
-// a worker in the middle of a replay or a restart, until ctx ends; a worker
-// removed meanwhile is left out. A Source's workers are not in it: their
-// state is their stream's.
+// a worker in the middle of a replay or a restart, until ctx ends, and then
+// fails whole (try again later: a worker's old state is better than none);
+// a worker removed meanwhile is left out, and ErrClosed returned when the
+// pipeline stops meanwhile. A Source's workers are not in it: their state
+// is their stream's. It must not be called from Observe or Publish, which
+// run in the goroutines it waits for.
 func (p *Pipeline) Snapshot(ctx context.Context, dst *snapshot.Snapshot) error {
 	p.mu.Lock()
 	switch p.phase {
@@ -192,6 +228,13 @@ func (p *Pipeline) Snapshot(ctx context.Context, dst *snapshot.Snapshot) error {
 		if w.fed == nil && w.done != nil {
 			list = append(list, w)
 		}
+	}
+	runCtx := p.workerCtx
+	// Restored workers not added yet keep their state: a snapshot taken
+	// meanwhile must not lose it.
+	waiting := make([]snapshot.Worker, 0, len(p.restored))
+	for _, ws := range p.restored {
+		waiting = append(waiting, ws.Clone())
 	}
 	p.mu.Unlock()
 	*dst = snapshot.Snapshot{Version: snapshot.Version, BlockSize: p.cfg.BlockSize, KeySeed: index.Seed, Created: time.Now().UnixNano(),
@@ -217,6 +260,9 @@ func (p *Pipeline) Snapshot(ctx context.Context, dst *snapshot.Snapshot) error {
 		})
 	}
 	wg.Wait()
+	if runCtx.Err() != nil { // stopping: workers left for that, not for a removal
+		return ErrClosed
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("kvpipe: snapshot: %w", err)
 	}
@@ -227,7 +273,7 @@ func (p *Pipeline) Snapshot(ctx context.Context, dst *snapshot.Snapshot) error {
 			n++
 		}
 	}
-	dst.Workers = dst.Workers[:n]
+	dst.Workers = append(dst.Workers[:n], waiting...)
 	return nil
 }
 
@@ -252,10 +298,11 @@ func (p *Pipeline) SaveSnapshot(ctx context.Context, st snapshot.Store) error {
 // Restore makes the workers named in s start from it: their entries are
 // rebuilt from its mapping, and each one's continuity is proven from its
 // last seq through its engine's replay endpoint (a worker whose continuity
-// cannot be proven is resynced, as on any reconnect). It must be called
-// before Run, and s checked whole first: on an error nothing of it is used.
-// The pipeline keeps s until the workers named in it have started
-// (including ones added after Run); it must not change meanwhile.
+// cannot be proven is resynced, as on any reconnect); until proven, a
+// worker's restored entries stay out of answers and it is partial. It must
+// be called before Run, and s is checked whole first: on an error nothing
+// of it is used. The pipeline keeps a copy of each worker until it is
+// added (also after Run), and Snapshot includes those not added yet.
 func (p *Pipeline) Restore(s *snapshot.Snapshot) error {
 	if err := s.Check(); err != nil {
 		return fmt.Errorf("kvpipe: restore: %w", err)
@@ -273,7 +320,8 @@ func (p *Pipeline) Restore(s *snapshot.Snapshot) error {
 	}
 	p.restored = make(map[string]*snapshot.Worker, len(s.Workers))
 	for i := range s.Workers {
-		p.restored[string(s.Workers[i].Name)] = &s.Workers[i]
+		c := s.Workers[i].Clone()
+		p.restored[string(c.Name)] = &c
 	}
 	return nil
 }

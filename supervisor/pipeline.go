@@ -143,6 +143,12 @@ type Pipeline struct {
 	wrap func(wire.Handler) wire.Handler
 	// restored holds the snapshot's workers not yet started (Restore).
 	restored map[string]*snapshot.Worker
+	// leaving: workers being removed, whose names cannot be taken again
+	// until their removal is queued (and published) behind their last ops.
+	leaving map[string]bool
+	// feeding counts Feed.Apply calls under way; they end before the
+	// shards close.
+	feeding sync.WaitGroup
 }
 
 type phase uint8
@@ -219,6 +225,7 @@ func New(cfg Config) (*Pipeline, error) {
 		cfg:     cfg,
 		latency: metrics.NewFindMatchesHistogram(),
 		workers: make(map[string]*worker),
+		leaving: make(map[string]bool),
 		stop:    make(chan struct{}),
 		stopped: make(chan struct{}),
 	}
@@ -265,6 +272,9 @@ func (p *Pipeline) AddWorker(name string, wc WorkerConfig) error {
 	}
 	if _, dup := p.workers[name]; dup {
 		return fmt.Errorf("kvpipe: worker %q already added", name)
+	}
+	if p.leaving[name] {
+		return fmt.Errorf("kvpipe: worker %q is still being removed", name)
 	}
 	sub, err := wire.NewSubscriber(wire.Config{ // validates and allocates: nothing to wait for
 		Endpoint: wc.Endpoint, ReplayEndpoint: wc.ReplayEndpoint, SnapshotEndpoint: wc.SnapshotEndpoint, Topic: wc.Topic,
@@ -313,14 +323,22 @@ func (p *Pipeline) RemoveWorker(ctx context.Context, name string) error {
 	w.cancel()
 	removed := make(chan struct{})
 	shards, runCtx := p.shards.Load(), p.workerCtx
+	p.leaving[name] = true
 	p.removing.Go(func() {
 		defer close(removed)
-		<-w.done // nothing of the worker can follow in its shard's queue
+		<-w.done // nothing of the worker can follow in its shard's queue, nor in a Publish
 		ops := []index.Op{{Kind: index.OpRemoveWorker}}
 		if p.cfg.Publish != nil {
-			p.cfg.Publish(runCtx, w.name, ops, actor.Origin{})
+			// Published even when the pipeline is stopping, so that the
+			// stream does not keep a worker that is gone; within a bound.
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(runCtx), removalPublishTimeout)
+			p.cfg.Publish(ctx, w.name, ops, actor.Origin{})
+			cancel()
 		}
 		shards.Queue(w.id) <- &index.Batch{Worker: w.id, Ops: ops}
+		p.mu.Lock()
+		delete(p.leaving, name)
+		p.mu.Unlock()
 	})
 	p.mu.Unlock()
 	select {
@@ -466,6 +484,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	p.group.Wait()
 	p.removing.Wait()
 	p.syncing.Wait()
+	p.feeding.Wait()
 	shards.Close()
 	p.mu.Lock()
 	p.closeDown()
@@ -543,6 +562,10 @@ func (p *Pipeline) publish() {
 	p.list.Store(&list)
 }
 
+// removalPublishTimeout bounds the publish of a removed worker's
+// OpRemoveWorker, which may run while the pipeline stops.
+const removalPublishTimeout = 5 * time.Second
+
 // start runs w under Run's group; p.mu is held.
 func (p *Pipeline) start(w *worker) {
 	ctx, cancel := context.WithCancel(p.workerCtx)
@@ -558,9 +581,12 @@ func (p *Pipeline) start(w *worker) {
 	delete(p.restored, w.name)
 	p.group.Go(func() error {
 		defer close(w.done)
-		if from != nil && from.HasSeq {
-			w.actor.Load().Import(from)
+		switch a := w.actor.Load(); {
+		case from != nil && from.HasSeq:
+			a.Import(from)
 			w.sub.Resume(from.Seq, from.Fingerprint)
+		case p.cfg.Publish != nil:
+			a.StartAfresh() // what the stream held of it is not this worker's
 		}
 		p.supervise(ctx, w)
 		return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/snapshot"
+	"github.com/kvpipe/kvpipe/wire"
 	"github.com/kvpipe/kvpipe/wire/wiretest"
 )
 
@@ -332,20 +334,25 @@ func TestPublishHook(t *testing.T) {
 	e.store(prompt(1, 2), 16)
 	var h index.Hasher
 	keys := h.Prompt(nil, prompt(1, 2), 16)
-	select {
-	case c := <-calls:
-		if c.worker != "a" || len(c.ops) != 2 || c.ops[0].Hash != keys[0] || c.ops[1].Hash != keys[1] {
-			t.Fatalf("published %+v, want a's two stores", c)
+	for i, want := range [][]index.Op{
+		{{Kind: index.OpClearWorker}}, // started afresh: what the stream held of "a" is not its
+		{{Kind: index.OpStore, Hash: keys[0]}, {Kind: index.OpStore, Hash: keys[1]}},
+	} {
+		select {
+		case c := <-calls:
+			if c.worker != "a" || !slices.Equal(c.ops, want) {
+				t.Fatalf("publish %d: %+v, want a's %v", i, c, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("nothing published")
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("nothing published")
 	}
 	var snap snapshot.Snapshot
 	if err := p.Snapshot(context.Background(), &snap); err != nil {
 		t.Fatal(err)
 	}
-	if len(snap.Workers) != 1 || snap.Workers[0].StreamSeq != 1 || !snap.Workers[0].HasSeq || snap.Workers[0].Seq != 0 {
-		t.Fatalf("snapshot workers %+v, want a at seq 0, stream seq 1", snap.Workers)
+	if len(snap.Workers) != 1 || snap.Workers[0].StreamSeq != 2 || !snap.Workers[0].HasSeq || snap.Workers[0].Seq != 0 {
+		t.Fatalf("snapshot workers %+v, want a at seq 0, stream seq 2", snap.Workers)
 	}
 	if err := p.RemoveWorker(context.Background(), "a"); err != nil {
 		t.Fatal(err)
@@ -353,5 +360,145 @@ func TestPublishHook(t *testing.T) {
 	c := <-calls
 	if len(c.ops) != 1 || c.ops[0].Kind != index.OpRemoveWorker {
 		t.Fatalf("published on removal %+v, want one OpRemoveWorker", c)
+	}
+}
+
+// A restored worker's entries stay out of answers until its engine proves
+// the snapshot's position: with the engine gone, the router serves nothing
+// of it, and says it is partial; a snapshot taken meanwhile keeps the
+// restored state.
+func TestRestoredWorkerWaitsForItsProof(t *testing.T) {
+	e := newSmallEngine(t, 100)
+	p1 := startPipeline(t, Config{})
+	if err := p1.AddWorker("a", WorkerConfig{Endpoint: e.ep, ReplayEndpoint: e.replay}); err != nil {
+		t.Fatal(err)
+	}
+	e.store(prompt(1, 4), 16)
+	eventually(t, "indexed", nil, func() bool { return scores(t, p1, prompt(1, 4))["a"] == 4 })
+	st := snapshotTo(t, p1)
+	p1.Shutdown(context.Background())
+	e.pub.Close() // the engine is gone
+
+	p2 := restoredPipeline(t, st)
+	runUntilCleanup(t, p2)
+	if err := p2.AddWorker("a", WorkerConfig{Endpoint: e.ep, ReplayEndpoint: e.replay}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(300 * time.Millisecond); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if got := scores(t, p2, prompt(1, 4))["a"]; got != 0 {
+			t.Fatalf("the restored worker answers %d blocks with its engine unreachable, want none until proven", got)
+		}
+		if ws := p2.Stats().Workers[0]; !ws.Actor.Partial {
+			t.Fatal("an unproven restored worker is not partial")
+		}
+	}
+	var again snapshot.Snapshot
+	if err := p2.Snapshot(context.Background(), &again); err != nil {
+		t.Fatal(err)
+	}
+	if len(again.Workers) != 1 || again.Workers[0].Blocks() != 4 || again.Workers[0].Partial {
+		t.Errorf("a snapshot of the unproven worker: %d workers, %d blocks: want the restored state kept", len(again.Workers), again.Blocks())
+	}
+}
+
+// A Snapshot that the pipeline's shutdown overtakes fails rather than
+// returning a snapshot without the workers it stopped.
+func TestSnapshotDuringShutdownFails(t *testing.T) {
+	e := newEngine(t)
+	p, err := New(Config{BlockSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := held{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	p.wrap = func(inner wire.Handler) wire.Handler { h.Handler = inner; return h }
+	if err := p.AddWorker("w", WorkerConfig{Endpoint: e.ep, ReplayEndpoint: e.replay}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.Run(context.Background()) }()
+	eventually(t, "a batch held in the handler", func() { e.parent = 0; e.store(prompt(1, 1), 16) },
+		func() bool { return len(h.entered) == 1 })
+	snapped := make(chan error, 1)
+	go func() {
+		var s snapshot.Snapshot
+		snapped <- p.Snapshot(context.Background(), &s)
+	}()
+	expired, cancel := context.WithCancel(context.Background())
+	cancel()
+	p.Shutdown(expired)
+	eventually(t, "Run draining", nil, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.phase == draining })
+	close(h.release)
+	if err := <-snapped; !errors.Is(err, ErrClosed) {
+		t.Errorf("Snapshot overtaken by Shutdown = %v, want ErrClosed", err)
+	}
+	if err := <-done; err != nil {
+		t.Errorf("Run = %v", err)
+	}
+}
+
+// A name being removed cannot be added again until its removal is queued
+// (and published) behind its last ops: the stream would otherwise remove
+// the new worker.
+func TestNameBeingRemovedIsNotTaken(t *testing.T) {
+	e := newEngine(t)
+	p, err := New(Config{BlockSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := held{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	p.wrap = func(inner wire.Handler) wire.Handler { h.Handler = inner; return h }
+	if err := p.AddWorker("w", WorkerConfig{Endpoint: e.ep, ReplayEndpoint: e.replay}); err != nil {
+		t.Fatal(err)
+	}
+	runUntilCleanup(t, p)
+	eventually(t, "a batch held in the handler", func() { e.parent = 0; e.store(prompt(1, 1), 16) },
+		func() bool { return len(h.entered) == 1 })
+	expired, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := p.RemoveWorker(expired, "w"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("RemoveWorker = %v, want context.Canceled", err)
+	}
+	if err := p.AddWorker("w", WorkerConfig{Endpoint: e.ep}); err == nil || !strings.Contains(err.Error(), "being removed") {
+		t.Fatalf("AddWorker during the removal = %v, want a refusal", err)
+	}
+	close(h.release)
+	eventually(t, "the name free again", nil, func() bool { return p.AddWorker("w", WorkerConfig{Endpoint: e.ep}) == nil })
+}
+
+// A Source's bad op fails its call, applies none of it, and crashes
+// nothing.
+func TestFeedRefusesBadOps(t *testing.T) {
+	src := source{ops: make(chan fedOps)}
+	p := startPipeline(t, Config{Source: src})
+	for _, bad := range []index.Op{{Kind: index.OpStore, Tier: index.NumTiers}, {Kind: index.OpClearTier + 1}} {
+		if err := src.apply(t, "remote", false, index.Op{Kind: index.OpStore, Hash: 1}, bad); err == nil {
+			t.Errorf("op %+v applied", bad)
+		}
+	}
+	if err := p.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if st := p.Stats(); len(st.Workers) != 0 {
+		t.Errorf("workers %+v after refused calls, want none", st.Workers)
+	}
+}
+
+// Restore keeps its own copy: the caller may reuse its Snapshot.
+func TestRestoreCopiesTheSnapshot(t *testing.T) {
+	s := snapshot.Snapshot{Version: snapshot.Version, BlockSize: 16, KeySeed: index.Seed,
+		Workers: []snapshot.Worker{{Name: []byte("a"), HasSeq: true, Hashes: []uint64{1}, Keys: []uint64{2}, Parents: []uint64{0}, Flags: []byte{1 << snapshot.TierShift}}}}
+	p, err := New(Config{BlockSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Restore(&s); err != nil {
+		t.Fatal(err)
+	}
+	s.Workers[0].Name[0], s.Workers[0].Keys[0] = 'b', 3
+	runUntilCleanup(t, p)
+	var got snapshot.Snapshot
+	eventually(t, "running", nil, func() bool { return p.Snapshot(context.Background(), &got) == nil })
+	if len(got.Workers) != 1 || string(got.Workers[0].Name) != "a" || got.Workers[0].Keys[0] != 2 {
+		t.Errorf("snapshot after the caller changed its copy: %+v, want worker a with key 2, not yet added, kept", got.Workers)
 	}
 }

@@ -18,10 +18,11 @@ func TestMain(m *testing.M) { ztest.VerifyNoLeaks(m) }
 
 // record is one call to the handler.
 type record struct {
-	seq   uint64
-	body  string
-	reset bool
-	why   ResetReason
+	seq     uint64
+	body    string
+	reset   bool
+	why     ResetReason
+	resumed bool // HandleResumed
 }
 
 // recorder is a Handler that hands every call to the test goroutine.
@@ -33,6 +34,7 @@ func (r *recorder) HandleBatch(seq uint64, payload []byte) {
 	r.calls <- record{seq: seq, body: string(payload)}
 }
 func (r *recorder) HandleReset(why ResetReason) { r.calls <- record{reset: true, why: why} }
+func (r *recorder) HandleResumed()              { r.calls <- record{resumed: true} }
 
 func (r *recorder) next(t *testing.T) record {
 	t.Helper()

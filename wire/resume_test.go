@@ -48,16 +48,23 @@ func TestResumeFromASnapshot(t *testing.T) {
 					t.Fatalf("first call %+v, want a %v reset", got, *c.wantReset)
 				}
 			}
+			var want []string
+			for i := max(c.from, 0); i < 10; i++ {
+				want = append(want, string(body(i)))
+			}
+			if c.wantReset == nil { // proven: the handler is told once the replay is through
+				expectBatches(t, rec, uint64(c.from), want...)
+				if got := rec.next(t); !got.resumed {
+					t.Fatalf("after the replay %+v, want HandleResumed", got)
+				}
+				want = nil
+			}
 			if c.from < 0 { // nothing replayed: the next live batch goes on
 				last := syncUp(t, pub, rec)
 				if last < 10 {
 					t.Fatalf("live batches from %d", last)
 				}
 				return
-			}
-			var want []string
-			for i := c.from; i < 10; i++ {
-				want = append(want, string(body(i)))
 			}
 			expectBatches(t, rec, uint64(c.from), want...)
 			if got, ok := rec.quiet(100 * time.Millisecond); !ok {

@@ -125,6 +125,15 @@ type Handler interface {
 	HandleReset(reason ResetReason)
 }
 
+// A ResumeHandler is told when the position a Subscriber was resumed at
+// (Resume) is proven: the engine is the incarnation that sent that batch,
+// and what followed it is replayed or on its way. Until then, or until a
+// reset says it is not, state restored with the position is unproven.
+type ResumeHandler interface {
+	Handler
+	HandleResumed()
+}
+
 // Stats is a snapshot of what one Subscriber saw.
 type Stats struct {
 	Batches           uint64 // delivered to the handler, live or replayed
@@ -227,6 +236,8 @@ type Subscriber struct {
 	// calls are functions to run in Run's goroutine between batches
 	// (Checkpoint).
 	calls chan func(Position)
+	// resumed: placed by Resume, not yet proven nor reset.
+	resumed bool
 }
 
 // Position is where a worker's stream stands: the last batch applied and
@@ -275,6 +286,7 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 // be proven.
 func (s *Subscriber) Resume(seq, fp uint64) {
 	s.seq = SeqTracker{last: seq, fp: fp, fpKnown: true, dupFloor: seq, started: true}
+	s.resumed = true
 }
 
 // Checkpoint runs f in Run's goroutine between two handler calls, with the
@@ -406,7 +418,14 @@ func (s *Subscriber) serve(ctx context.Context, sub *zsock.Receiver, h Handler) 
 		if _, ok := s.seq.Last(); ok {
 			why = forProof
 		}
-		if err := s.settled(ctx, s.catchUp(ctx, sub, h, why, probe) && s.drain(ctx, sub, h)); err != nil {
+		ok := s.catchUp(ctx, sub, h, why, probe)
+		if ok && s.resumed { // proven: a failed proof resets
+			s.resumed = false
+			if r, ok := h.(ResumeHandler); ok {
+				r.HandleResumed()
+			}
+		}
+		if err := s.settled(ctx, ok && s.drain(ctx, sub, h)); err != nil {
 			return err
 		}
 	} else if _, ok := s.seq.Last(); ok {
@@ -642,6 +661,7 @@ func (s *Subscriber) reset(h Handler, why ResetReason) {
 // notifyReset tells h; a reset within one incarnation asks for the engine's
 // snapshot where it offers one.
 func (s *Subscriber) notifyReset(h Handler, why ResetReason) {
+	s.resumed = false
 	h.HandleReset(why)
 	switch {
 	case !why.SameIncarnation():
