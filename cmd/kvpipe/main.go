@@ -2,6 +2,7 @@
 //
 //	kvpipe decode [--hex] [FILE]   print the events of one payload as JSON lines
 //	kvpipe listen --endpoint URL   subscribe to live engines and summarise what arrives
+//	kvpipe relay --endpoint URL    publish the engines' index ops to NATS JetStream for routers
 package main
 
 import (
@@ -29,6 +30,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return decodeCmd(args[1:], stdin, stdout, stderr)
 	case "listen":
 		return listenCmd(ctx, args[1:], stdout, stderr)
+	case "relay":
+		return relayCmd(ctx, args[1:], stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "kvpipe: unknown command %q (want decode or listen)\n", args[0])
 	return 2

@@ -51,6 +51,8 @@ type options struct {
 	restartAt float64
 	// bufferSteps is each engine's replay buffer, in batches.
 	bufferSteps int
+	// nats: through a relay and an in-process JetStream server.
+	nats bool
 }
 
 // engineOptions are the simulated engines' behaviours o asks for.
@@ -88,6 +90,7 @@ func main() {
 	flag.BoolVar(&o.lora, "lora", true, "some conversations run on LoRA adapters")
 	flag.Float64Var(&o.restartAt, "restart-at", 0, "restart the router at this fraction of the trace, once from its snapshot and once without, and compare their hit rates (0: no restart)")
 	flag.IntVar(&o.bufferSteps, "buffer-steps", 1000, "batches each engine keeps for replay (a simulated batch is a whole prompt, so fewer than vLLM's 10,000)")
+	flag.BoolVar(&o.nats, "nats", false, "replay through a relay into an in-process NATS JetStream server, with two router replicas following its stream, and check that their indexes agree")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -189,8 +192,14 @@ func run(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if o.restartAt > 0 && o.nats {
+		return errors.New("--restart-at and --nats are separate runs")
+	}
 	if o.restartAt > 0 {
 		return runRestart(ctx, o, reqs, source, stdout, stderr)
+	}
+	if o.nats {
+		return runNATS(ctx, o, reqs, source, stdout, stderr)
 	}
 	reg := prometheus.NewRegistry()
 	if o.metricsAddr != "" {

@@ -109,3 +109,19 @@ func TestReplayRestart(t *testing.T) {
 		t.Errorf("no snapshot size:\n%s", s)
 	}
 }
+
+// Through a relay and an in-process JetStream server, both router replicas,
+// and two routers that join late (one from the relay's snapshot), end with
+// the same index; run fails if they do not.
+func TestReplayNATS(t *testing.T) {
+	var out strings.Builder
+	o := options{workers: 2, capacity: 2_000, blockSize: 16, requests: 200, shards: 2, progress: time.Hour,
+		hostBlocks: 5_000, nats: true, speedup: 0}
+	if err := run(context.Background(), o, &out, io.Discard); err != nil {
+		t.Fatalf("%v:\n%s", err, out.String())
+	}
+	s := out.String()
+	if !strings.Contains(s, "replicas agree     true") || strings.Count(s, "agrees true") != 2 {
+		t.Errorf("the routers do not agree:\n%s", s)
+	}
+}

@@ -1,0 +1,303 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/kvpipe/kvpipe"
+	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/sim"
+	"github.com/kvpipe/kvpipe/relay"
+	"github.com/kvpipe/kvpipe/supervisor"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// replica is a router Pipeline fed by a relay's stream, and its Follower.
+type replica struct {
+	r *router
+	f *relay.Follower
+}
+
+// runNATS replays the trace through a relay into an in-process JetStream
+// server, with two router replicas following the stream; the first routes.
+// At the end both must hold the same index, and two routers that join late,
+// one from the relay's snapshot and one from the stream alone, must catch up
+// to it.
+func runNATS(ctx context.Context, o options, reqs []sim.Request, source string, stdout, stderr io.Writer) error {
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	dir, err := os.MkdirTemp("", "kvpipe-nats")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
+	if err != nil {
+		return err
+	}
+	srv.Start()
+	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		return errors.New("nats-server not ready within 10s")
+	}
+	var conns []*nats.Conn
+	defer func() {
+		for _, nc := range conns {
+			nc.Close()
+		}
+	}()
+	connect := func() (jetstream.JetStream, error) { // one connection per process, as in production
+		nc, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+		if err != nil {
+			return nil, err
+		}
+		conns = append(conns, nc)
+		return jetstream.New(nc)
+	}
+
+	engines, err := startEngines(o, len(reqs))
+	if err != nil {
+		return err
+	}
+	defer stopEngines(engines)
+	js, err := connect()
+	if err != nil {
+		return err
+	}
+	rl, err := relay.New(js, relay.Config{Pipeline: supervisor.Config{BlockSize: o.blockSize, Shards: o.shards, Logger: logger},
+		SnapshotEvery: 2 * time.Second})
+	if err != nil {
+		return err
+	}
+	for _, e := range engines {
+		if err := rl.AddWorker(e.name, kvpipe.WorkerConfig{Endpoint: "tcp://" + e.pub.Addr(), ReplayEndpoint: "tcp://" + e.pub.ReplayAddr()}); err != nil {
+			return err
+		}
+	}
+	relayCtx, stopRelay := context.WithCancel(context.Background())
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- rl.Run(relayCtx) }()
+	defer func() { stopRelay(); <-relayDone }()
+
+	follow := func(settings relay.Settings) (*replica, error) {
+		js, err := connect()
+		if err != nil {
+			return nil, err
+		}
+		f, err := relay.NewFollower(js, relay.FollowerConfig{Settings: settings, Logger: logger})
+		if err != nil {
+			return nil, err
+		}
+		p, err := kvpipe.New(kvpipe.Config{BlockSize: o.blockSize, Shards: o.shards, Source: f, Logger: logger})
+		if err != nil {
+			return nil, err
+		}
+		r := &router{p: p, runDone: make(chan error, 1)}
+		go func() { r.runDone <- p.Run(context.Background()) }()
+		return &replica{r: r, f: f}, nil
+	}
+	var replicas []*replica
+	defer func() {
+		for _, rp := range replicas {
+			rp.r.stop()
+		}
+	}()
+	for range 2 {
+		rp, err := follow(relay.Settings{})
+		if err != nil {
+			return err
+		}
+		replicas = append(replicas, rp)
+	}
+	if err := waitRelay(ctx, rl); err != nil {
+		return err
+	}
+	if err := waitConnected(ctx, rl.Pipeline(), len(engines)); err != nil {
+		return err
+	}
+
+	start := time.Now()
+	routed := route(ctx, o, reqs, 0, replicas[0].r.p, engines, stderr, start)
+	quiesce(engines)
+	settle(rl.Pipeline(), engines)
+	wall := time.Since(start)
+	stream, err := js.Stream(ctx, relay.DefaultStream)
+	if err != nil {
+		return err
+	}
+	info, err := quietStream(ctx, stream)
+	if err != nil {
+		return err
+	}
+	last := info.State.LastSeq
+	lags := make([]time.Duration, len(replicas))
+	for i, rp := range replicas {
+		if lags[i], err = caughtUp(ctx, rp, last, start); err != nil {
+			return err
+		}
+	}
+	agree, compared := sameIndex(ctx, o, reqs[:routed], replicas[0].r.p, replicas[1].r.p)
+
+	// Two routers join now: one from the relay's newest snapshot, one
+	// without any (an object name nothing is written under).
+	var joins [2]join
+	for i, settings := range []relay.Settings{{}, {Object: "none"}} {
+		t0 := time.Now()
+		rp, err := follow(settings)
+		if err != nil {
+			return err
+		}
+		replicas = append(replicas, rp)
+		if _, err := caughtUp(ctx, rp, last, t0); err != nil {
+			return err
+		}
+		joins[i] = join{took: time.Since(t0), stats: rp.f.Stats()}
+		joins[i].agree, _ = sameIndex(ctx, o, reqs[:routed], replicas[0].r.p, rp.r.p)
+	}
+
+	rs := rl.Stats()
+	var hit hits
+	for _, e := range engines {
+		hit.device += e.hits.device
+		hit.host += e.hits.host
+		hit.blocks += e.hits.blocks
+	}
+	fmt.Fprintf(stdout, "replay over NATS JetStream (%s, %d workers, capacity %d blocks; relay -> stream %s -> 2 router replicas)\n",
+		source, o.workers, o.capacity, relay.DefaultStream)
+	fmt.Fprintf(stdout, "  requests           %d in %s; kvpipe routing (replica 0) %s\n", routed, wall.Round(time.Millisecond), hit)
+	fmt.Fprintf(stdout, "  stream             %d messages, %d bytes (%.0f messages/s published, %d duplicates, %d retries); %d snapshots written, the last %d bytes\n",
+		info.State.Msgs, info.State.Bytes, float64(rs.Published)/wall.Seconds(), rs.Duplicates, rs.Retries, rs.Snapshots, rs.SnapshotBytes)
+	for i, rp := range replicas[:2] {
+		st := rp.f.Stats()
+		fmt.Fprintf(stdout, "  replica %d          %d messages applied, caught up %s after the last request\n", i, st.Applied, (lags[i] - wall).Round(time.Millisecond))
+	}
+	fmt.Fprintf(stdout, "  replicas agree     %v (%d prompts compared, per worker and tier)\n", agree, compared)
+	for i, name := range []string{"from the snapshot", "without"} {
+		j := joins[i]
+		fmt.Fprintf(stdout, "  late join %-17s caught up in %s: %d messages applied, %d skipped (in the snapshot), %d snapshots loaded; agrees %v\n",
+			name, j.took.Round(time.Millisecond), j.stats.Applied, j.stats.Skipped, j.stats.SnapshotsLoaded, j.agree)
+	}
+	if !agree || !joins[0].agree || !joins[1].agree {
+		return errors.New("the routers' indexes differ")
+	}
+	return nil
+}
+
+// quietStream waits until the relay has published everything: the
+// stream's last message stays the same for half a second (it may still be
+// catching up on a replay, or resyncing a worker).
+func quietStream(ctx context.Context, stream jetstream.Stream) (*jetstream.StreamInfo, error) {
+	var last uint64
+	stable := time.Now()
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); {
+		info, err := stream.Info(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if info.State.LastSeq != last {
+			last, stable = info.State.LastSeq, time.Now()
+		} else if time.Since(stable) > 500*time.Millisecond {
+			return info, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return nil, errors.New("the relay did not stop publishing within a minute")
+}
+
+type join struct {
+	took  time.Duration
+	stats relay.FollowerStats
+	agree bool
+}
+
+// waitRelay waits until the relay's pipeline exists (Run has set it up).
+func waitRelay(ctx context.Context, rl *relay.Relay) error {
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		if p := rl.Pipeline(); p != nil && len(p.Stats().Workers) > 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return errors.New("the relay did not start within 10s")
+}
+
+// caughtUp waits until rp has applied the stream up to last, and returns
+// how long after since that was.
+func caughtUp(ctx context.Context, rp *replica, last uint64, since time.Time) (time.Duration, error) {
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); {
+		if st := rp.f.Stats(); st.LastApplied >= last {
+			if err := rp.r.p.Sync(ctx); err != nil {
+				return 0, err
+			}
+			return time.Since(since), nil
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+	return 0, fmt.Errorf("a router did not catch up with the stream (message %d) within a minute: %+v", last, rp.f.Stats())
+}
+
+// sameIndex asks both pipelines about every request and compares their
+// answers worker by worker and tier by tier, and their blocks per tier.
+func sameIndex(ctx context.Context, o options, reqs []sim.Request, a, b *kvpipe.Pipeline) (bool, int) {
+	var h index.Hasher
+	var tokens []uint32
+	var keys []uint64
+	var ma, mb []kvpipe.Match
+	for i := range reqs {
+		tokens = sim.InputTokens(tokens[:0], &reqs[i])
+		req := kvpipe.Request{Tokens: tokens}
+		if o.lora {
+			req.Lora = reqs[i].Lora
+		}
+		keys = h.RequestKeys(keys[:0], &req, o.blockSize)
+		ma, _ = a.AppendMatches(ctx, ma[:0], keys)
+		mb, _ = b.AppendMatches(ctx, mb[:0], keys)
+		if !sameMatches(ma, mb) {
+			return false, i + 1
+		}
+	}
+	sa, sb := a.Stats(), b.Stats()
+	if len(sa.Workers) != len(sb.Workers) {
+		return false, len(reqs)
+	}
+	for i := range sa.Workers {
+		if sa.Workers[i].Name != sb.Workers[i].Name || sa.Workers[i].Actor.TierBlocks != sb.Workers[i].Actor.TierBlocks {
+			return false, len(reqs)
+		}
+	}
+	return true, len(reqs)
+}
+
+func sameMatches(a, b []kvpipe.Match) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	by := map[string]kvpipe.Match{}
+	for _, m := range a {
+		by[m.Worker] = m
+	}
+	for _, m := range b {
+		if o, ok := by[m.Worker]; !ok || o.Tiers != m.Tiers {
+			return false
+		}
+	}
+	return true
+}

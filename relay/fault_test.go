@@ -1,0 +1,569 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// NATS stops in the middle of the stream and comes back on the same store:
+// the relay's workers retry until their publishes go through, none lost;
+// the router's consumer resumes after the last message it applied, and
+// applies every message of the stream exactly once.
+func TestNATSRestartMidStream(t *testing.T) {
+	t.Parallel()
+	srv, js := startServer(t)
+	s := testSettings()
+	a, b := newEngine(t, "a"), newEngine(t, "b")
+	reqs := trace(600, 2)
+	rr := startRelay(t, js, relayConfig(s), a, b)
+	r := startRouter(t, js, s)
+	a.serve(reqs[:100])
+	b.serve(reqs[100:200])
+	relayed(t, rr, a, b)
+	caughtUp(t, js, s, r)
+
+	srv.Stop()
+	a.serve(reqs[200:300]) // published by the engines while NATS is down
+	b.serve(reqs[300:400])
+	eventually(t, "the relay retrying", func() error {
+		if rr.Stats().Retries == 0 {
+			return fmt.Errorf("no retry yet")
+		}
+		return nil
+	})
+	srv.StartAgain()
+	a.serve(reqs[400:500])
+	b.serve(reqs[500:])
+	relayed(t, rr, a, b)
+	caughtUp(t, js, s, r)
+	if err := exact(r.p, a, b); err != nil {
+		t.Error(err)
+	}
+	if err := sameBlocks(rr.Pipeline(), r); err != nil {
+		t.Error(err)
+	}
+	st, fs, ss := rr.Stats(), r.f.Stats(), streamState(t, js, s)
+	// Each publish is a message of its own here (nothing is replayed): a
+	// duplicate can only be a retry of one the server stored but could
+	// not acknowledge before it stopped.
+	if st.Abandoned != 0 || ss.Msgs != st.Published || st.Duplicates > st.Retries || ss.FirstSeq != 1 || ss.Msgs != ss.LastSeq {
+		t.Errorf("relay %+v, stream %+v: want nothing abandoned and every publish stored once", st, ss)
+	}
+	if fs.Applied != ss.Msgs || fs.Gaps != 0 || fs.BadMessages != 0 {
+		t.Errorf("router %+v: want each of the stream's %d messages applied once", fs, ss.Msgs)
+	}
+}
+
+// takeSnapshot copies the bytes and metadata of the bucket's snapshot.
+func takeSnapshot(t *testing.T, js jetstream.JetStream, s Settings) ([]byte, SnapshotMeta) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	obs, err := js.ObjectStore(ctx, s.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, meta, err := NewObjectStore(obs, s.Object).LoadMeta(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data, meta
+}
+
+// putSnapshot puts data and meta back as the bucket's snapshot.
+func putSnapshot(t *testing.T, js jetstream.JetStream, s Settings, data []byte, meta SnapshotMeta) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	obs, err := js.ObjectStore(ctx, s.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := NewObjectStore(obs, s.Object).SaveMeta(ctx, data, meta); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A relay killed after a snapshot (its last snapshot lost with it) and
+// started again: its workers resume from the snapshot and replay from the
+// engines what they had published since; every replayed message is a
+// duplicate the stream drops, it publishes no reset, and the router's
+// index is still the engines'.
+func TestRelayRestartedFromSnapshot(t *testing.T) {
+	t.Parallel()
+	_, js := startServer(t)
+	s := testSettings()
+	a, b := newEngine(t, "a"), newEngine(t, "b")
+	reqs := trace(500, 3)
+	rr := startRelay(t, js, relayConfig(s), a, b)
+	a.serve(reqs[:150])
+	b.serve(reqs[150:250])
+	relayed(t, rr, a, b)
+	rr.snapshotNow(t)
+	old, oldMeta := takeSnapshot(t, js, s)
+	a.serve(reqs[250:320])
+	b.serve(reqs[320:400])
+	relayed(t, rr, a, b)
+	before := streamState(t, js, s)
+	rr.stop()
+	putSnapshot(t, js, s, old, oldMeta) // as if it died before its last snapshot
+
+	rr2 := startRelay(t, js, relayConfig(s), a, b)
+	r := startRouter(t, js, s)
+	relayed(t, rr2, a, b)
+	if st := rr2.Stats(); st.Restored != 2 || st.SnapshotIgnored != 0 || st.Published != 0 || st.Resets != 0 ||
+		st.Replayed != before.LastSeq-oldMeta.StreamLast {
+		t.Errorf("restarted relay %+v: want both workers restored, and the %d messages after the snapshot made again, none sent",
+			st, before.LastSeq-oldMeta.StreamLast)
+	}
+	if after := streamState(t, js, s); after.LastSeq != before.LastSeq {
+		t.Errorf("stream at seq %d after the restart, %d before: the replays (or a reset) were stored", after.LastSeq, before.LastSeq)
+	}
+	a.serve(reqs[400:])
+	b.serve(reqs[:50])
+	relayed(t, rr2, a, b)
+	caughtUp(t, js, s, r)
+	if err := exact(r.p, a, b); err != nil {
+		t.Error(err)
+	}
+	if err := sameBlocks(rr2.Pipeline(), r); err != nil {
+		t.Error(err)
+	}
+}
+
+// Two relays for the same engines, the second started late: it catches up
+// through the engines' replay buffers with the same ops, so the stream
+// holds each engine batch's messages once, whichever relay sent them, and
+// the router's index is right.
+func TestSecondRelay(t *testing.T) {
+	t.Parallel()
+	_, js := startServer(t)
+	s := testSettings()
+	a, b := newEngine(t, "a"), newEngine(t, "b")
+	reqs := trace(400, 4)
+	r1 := startRelay(t, js, relayConfig(s), a, b)
+	a.serve(reqs[:100])
+	b.serve(reqs[100:200])
+	relayed(t, r1, a, b)
+	r2 := startRelay(t, js, relayConfig(s), a, b)
+	r := startRouter(t, js, s)
+	relayed(t, r2, a, b)
+	a.serve(reqs[200:300])
+	b.serve(reqs[300:])
+	relayed(t, r1, a, b)
+	relayed(t, r2, a, b)
+	caughtUp(t, js, s, r)
+	if err := exact(r.p, a, b); err != nil {
+		t.Error(err)
+	}
+	st1, st2, ss := r1.Stats(), r2.Stats(), streamState(t, js, s)
+	if st2.Duplicates == 0 || ss.Msgs != st1.Published-st1.Duplicates+st2.Published-st2.Duplicates {
+		t.Errorf("relays %+v and %+v, stream %+v: want the second's catch-up all duplicates", st1, st2, ss)
+	}
+	seen := map[string]bool{}
+	forEachMessage(t, js, s, func(m *jetstream.RawStreamMsg) {
+		id := m.Header.Get(jetstream.MsgIDHeader)
+		f := strings.Split(id, ".")
+		if len(f) == 3 && f[1] == "start" && m.Sequence <= 2 { // each worker's first: its clear
+			return
+		}
+		if len(f) != 5 {
+			t.Errorf("message %d: id %q is not an engine batch's", m.Sequence, id)
+			return
+		}
+		key := strings.Join(f[:4], ".") // worker, seq, fingerprint, part
+		if seen[key] {
+			t.Errorf("message %d: engine batch %s stored twice", m.Sequence, key)
+		}
+		seen[key] = true
+	})
+	if len(seen) != int(ss.Msgs)-2 {
+		t.Errorf("%d engine batch parts in %d messages", len(seen), ss.Msgs)
+	}
+}
+
+func forEachMessage(t *testing.T, js jetstream.JetStream, s Settings, f func(*jetstream.RawStreamMsg)) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := js.Stream(ctx, s.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+		m, err := st.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatalf("message %d: %v", seq, err)
+		}
+		f(m)
+	}
+}
+
+// A router that joins after a snapshot loads it and consumes only the
+// messages after it, and ends equal to the engines.
+func TestRouterJoinsLate(t *testing.T) {
+	t.Parallel()
+	_, js := startServer(t)
+	s := testSettings()
+	a, b := newEngine(t, "a"), newEngine(t, "b")
+	reqs := trace(400, 5)
+	rr := startRelay(t, js, relayConfig(s), a, b)
+	a.serve(reqs[:150])
+	b.serve(reqs[150:250])
+	relayed(t, rr, a, b)
+	rr.snapshotNow(t)
+	_, meta := takeSnapshot(t, js, s)
+	a.serve(reqs[250:])
+	relayed(t, rr, a, b)
+	r := startRouter(t, js, s)
+	b.serve(reqs[:80])
+	relayed(t, rr, a, b)
+	caughtUp(t, js, s, r)
+	if err := exact(r.p, a, b); err != nil {
+		t.Error(err)
+	}
+	if err := sameBlocks(rr.Pipeline(), r); err != nil {
+		t.Error(err)
+	}
+	fs, ss := r.f.Stats(), streamState(t, js, s)
+	if fs.SnapshotsLoaded != 1 || fs.SnapshotsRefused != 0 || fs.Applied+fs.Skipped != ss.LastSeq-meta.StreamLast {
+		t.Errorf("router %+v: want the snapshot loaded and only the %d messages after its seq %d read", fs, ss.LastSeq-meta.StreamLast, meta.StreamLast)
+	}
+}
+
+// A snapshot whose sequences are past the stream's last (the stream was
+// deleted and made again) is refused, saying so; the router follows the new
+// stream from its start with the workers partial and no key the engines
+// dropped. The relay, started again on the new stream, writes a snapshot
+// of it that a later router loads, and that one is exact.
+func TestSnapshotPastTheStreamsLast(t *testing.T) {
+	t.Parallel()
+	_, js := startServer(t)
+	s := testSettings()
+	a := newEngine(t, "a")
+	reqs := trace(400, 6)
+	rr := startRelay(t, js, relayConfig(s), a)
+	a.serve(reqs[:200])
+	relayed(t, rr, a)
+	rr.stop() // writes its last snapshot
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := js.DeleteStream(ctx, s.Stream); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := Ensure(ctx, js, s); err != nil {
+		t.Fatal(err)
+	}
+	r := startRouter(t, js, s)
+	eventually(t, "the snapshot refused", func() error {
+		if fs := r.f.Stats(); fs.SnapshotsRefused == 0 || !strings.Contains(fs.RefusedReason, "past the stream's last 0") {
+			return fmt.Errorf("%+v", fs)
+		}
+		return nil
+	})
+	rr2 := startRelay(t, js, relayConfig(s), a)
+	a.serve(reqs[200:])
+	relayed(t, rr2, a)
+	caughtUp(t, js, s, r)
+	if err := sound(r.p, a); err != nil {
+		t.Error(err)
+	}
+	if w, ok := r.p.Stats().Worker("a"); !ok || !w.Actor.Partial || !holdsSome(r.p, a) {
+		t.Errorf("router's worker a: %+v; want it partial, holding the new stream's blocks", w.Actor)
+	}
+	rr2.snapshotNow(t)
+	late := startRouter(t, js, s)
+	caughtUp(t, js, s, late)
+	if err := exact(late.p, a); err != nil {
+		t.Errorf("router started on the new stream's snapshot: %v", err)
+	}
+}
+
+// A snapshot whose next messages the stream no longer holds is refused,
+// saying so; the router starts from the stream's first message with the
+// workers partial, and keeps no key the engines dropped.
+func TestSnapshotOlderThanTheStreamsRetention(t *testing.T) {
+	t.Parallel()
+	_, js := startServer(t)
+	s := testSettings()
+	s.MaxMsgs = 40
+	a := newEngine(t, "a")
+	reqs := trace(500, 7)
+	rr := startRelay(t, js, relayConfig(s), a)
+	a.serve(reqs[:100])
+	relayed(t, rr, a)
+	rr.snapshotNow(t)
+	a.serve(reqs[100:])
+	relayed(t, rr, a)
+	if ss := streamState(t, js, s); ss.FirstSeq < 50 {
+		t.Fatalf("stream %+v: not trimmed", ss)
+	}
+	r := startRouter(t, js, s)
+	caughtUp(t, js, s, r)
+	fs := r.f.Stats()
+	if fs.SnapshotsRefused != 1 || !strings.Contains(fs.RefusedReason, "no longer holds") {
+		t.Errorf("router %+v: want the snapshot refused as older than the retention", fs)
+	}
+	if err := sound(r.p, a); err != nil {
+		t.Error(err)
+	}
+	if w, ok := r.p.Stats().Worker("a"); !ok || !w.Actor.Partial {
+		t.Errorf("router's worker a: %+v, want it partial", w)
+	}
+	rr.snapshotNow(t)
+	late := startRouter(t, js, s)
+	caughtUp(t, js, s, late)
+	if err := exact(late.p, a); err != nil {
+		t.Errorf("router started on a fresh snapshot: %v", err)
+	}
+}
+
+// A corrupt or truncated snapshot in the bucket is refused with the
+// decoder's reason, counted; the router falls back to the stream (whole
+// here, so its index ends exact) and nothing of the bad snapshot is
+// applied. A relay started on it ignores it and resyncs its workers from
+// the engines.
+func TestBadSnapshots(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		damage func([]byte) []byte
+		reason string
+	}{
+		{"corrupt", func(b []byte) []byte { b[len(b)/2] ^= 0x40; return b }, "checksum mismatch"},
+		{"truncated", func(b []byte) []byte { return b[:len(b)*2/3] }, "checksum mismatch"},
+		{"empty", func(b []byte) []byte { return nil }, "truncated: 0 bytes"},
+		{"not a snapshot", func(b []byte) []byte { return []byte("hello, world: not a snapshot") }, "bad magic"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, js := startServer(t)
+			s := testSettings()
+			a := newEngine(t, "a")
+			reqs := trace(160, 8)
+			rr := startRelay(t, js, relayConfig(s), a)
+			a.serve(reqs[:80])
+			relayed(t, rr, a)
+			rr.snapshotNow(t)
+			a.serve(reqs[80:])
+			relayed(t, rr, a)
+			rr.stop()
+			data, meta := takeSnapshot(t, js, s)
+			putSnapshot(t, js, s, tc.damage(data), meta)
+
+			r := startRouter(t, js, s)
+			caughtUp(t, js, s, r)
+			fs := r.f.Stats()
+			if fs.SnapshotsRefused != 1 || fs.SnapshotsLoaded != 0 || !strings.Contains(fs.RefusedReason, tc.reason) {
+				t.Errorf("router %+v: want the snapshot refused for %q", fs, tc.reason)
+			}
+			if err := exact(r.p, a); err != nil {
+				t.Error(err)
+			}
+			if ss := streamState(t, js, s); fs.Applied != ss.Msgs {
+				t.Errorf("router applied %d messages, the stream holds %d", fs.Applied, ss.Msgs)
+			}
+			if tc.name != "corrupt" {
+				return // the relay reads it as the router does
+			}
+			rr2 := startRelay(t, js, relayConfig(s), a)
+			relayed(t, rr2, a)
+			if st := rr2.Stats(); st.SnapshotIgnored != 1 || st.Restored != 0 {
+				t.Errorf("relay started on the bad snapshot: %+v; want it ignored", st)
+			}
+		})
+	}
+}
+
+// The stream deleted under a running relay: the relay makes it again, sees
+// the new incarnation, and starts its pipeline again from its snapshot;
+// its next snapshot is of the new stream, and a router started on it is
+// exact.
+func TestStreamDeletedUnderARunningRelay(t *testing.T) {
+	t.Parallel()
+	_, js := startServer(t)
+	s := testSettings()
+	a := newEngine(t, "a")
+	reqs := trace(400, 9)
+	cfg := relayConfig(s)
+	cfg.SnapshotEvery = 50 * time.Millisecond
+	rr := startRelay(t, js, cfg, a)
+	a.serve(reqs[:150])
+	relayed(t, rr, a)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	eventually(t, "a snapshot", func() error {
+		if rr.Stats().Snapshots == 0 {
+			return fmt.Errorf("none")
+		}
+		return nil
+	})
+	if err := js.DeleteStream(ctx, s.Stream); err != nil {
+		t.Fatal(err)
+	}
+	a.serve(reqs[150:250])
+	eventually(t, "the relay started again on the new stream", func() error {
+		if rr.Stats().StreamChanges == 0 {
+			return fmt.Errorf("%+v", rr.Stats())
+		}
+		return nil
+	})
+	a.serve(reqs[250:])
+	relayed(t, rr, a)
+	eventually(t, "a snapshot of the new stream", func() error {
+		_, meta := takeSnapshot(t, js, s)
+		info, err := js.Stream(ctx, s.Stream)
+		if err != nil {
+			return err
+		}
+		if !meta.StreamCreated.Equal(info.CachedInfo().Created) {
+			return fmt.Errorf("snapshot of the old stream")
+		}
+		return nil
+	})
+	r := startRouter(t, js, s)
+	caughtUp(t, js, s, r)
+	if err := exact(r.p, a); err != nil {
+		t.Error(err)
+	}
+	if fs := r.f.Stats(); fs.SnapshotsLoaded != 1 {
+		t.Errorf("router %+v: want the new snapshot loaded", fs)
+	}
+}
+
+// A message the follower cannot decode clears its worker (a remove may be
+// among its ops), which stays partial, and never holds a key its engine
+// dropped, until the engine clears its cache and the worker is whole again.
+func TestBadMessageClearsItsWorker(t *testing.T) {
+	t.Parallel()
+	_, js := startServer(t)
+	s := testSettings()
+	a := newEngine(t, "a")
+	reqs := trace(300, 10)
+	rr := startRelay(t, js, relayConfig(s), a)
+	r := startRouter(t, js, s)
+	a.serve(reqs[:100])
+	relayed(t, rr, a)
+	caughtUp(t, js, s, r)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, garbage := range []string{"\x07nonsense", "\x01\x00\x09"} {
+		if _, err := js.Publish(ctx, s.Subject("a"), []byte(garbage)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := js.Publish(ctx, s.Prefix+".~!", []byte("\x01\x00")); err != nil { // no worker's subject
+		t.Fatal(err)
+	}
+	a.serve(reqs[100:200])
+	relayed(t, rr, a)
+	caughtUp(t, js, s, r)
+	if fs := r.f.Stats(); fs.BadMessages != 3 {
+		t.Errorf("router %+v: want 3 bad messages", fs)
+	}
+	if w, ok := r.p.Stats().Worker("a"); !ok || !w.Actor.Partial {
+		t.Errorf("worker a %+v: want it partial", w)
+	}
+	if err := sound(r.p, a); err != nil {
+		t.Error(err)
+	}
+	// The engine clears its cache: whole again, and exact from then on.
+	ev := a.sim.Clear()
+	a.pub.Publish(appendEvents(ev))
+	a.serve(reqs[200:])
+	relayed(t, rr, a)
+	caughtUp(t, js, s, r)
+	if err := exact(r.p, a); err != nil {
+		t.Error(err)
+	}
+}
+
+// A relay restarted from a snapshot older than the Duplicates window: the
+// server no longer knows its replay's first ids (it would store them
+// again, and count their blocks twice) but still knows later ones. The
+// relay matches its replay against the stream's messages instead, sends
+// none of it, and routers, one that watched it all and one that joins
+// after, end exact.
+func TestReplayStraddlingTheDuplicatesWindow(t *testing.T) {
+	t.Parallel()
+	_, js := startServer(t)
+	s := testSettings()
+	s.Duplicates = 400 * time.Millisecond
+	a := newEngine(t, "a")
+	reqs := trace(300, 11)
+	rr := startRelay(t, js, relayConfig(s), a)
+	r := startRouter(t, js, s)
+	a.serve(reqs[:80])
+	relayed(t, rr, a)
+	rr.snapshotNow(t)
+	old, oldMeta := takeSnapshot(t, js, s)
+	a.serve(reqs[80:160])
+	relayed(t, rr, a)
+	// What is waited for is the clock: the window of those messages ends.
+	for end := time.Now().Add(s.Duplicates + 300*time.Millisecond); time.Now().Before(end); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	a.serve(reqs[160:220]) // still in the window when replayed
+	relayed(t, rr, a)
+	rr.stop()
+	putSnapshot(t, js, s, old, oldMeta)
+	rr2 := startRelay(t, js, relayConfig(s), a)
+	relayed(t, rr2, a)
+	if st := rr2.Stats(); st.Restored != 1 || st.Resets != 0 || st.Published != 0 || st.Replayed == 0 {
+		t.Errorf("restarted relay %+v: want the worker restored and its replay matched, none of it sent", st)
+	}
+	a.serve(reqs[220:])
+	relayed(t, rr2, a)
+	late := startRouter(t, js, s)
+	caughtUp(t, js, s, r, late)
+	for i, x := range []*router{r, late} {
+		if err := exact(x.p, a); err != nil {
+			t.Errorf("router %d: %v", i, err)
+		}
+	}
+}
+
+// A relay restarted from its snapshot whose engine restarted meanwhile:
+// the worker's ops no longer follow what the stream holds of it (the relay
+// before published batches of the old incarnation after the snapshot). The
+// worker is reset in the stream, removed and added again, and the router
+// ends exact for the new incarnation.
+func TestRestoredWorkerPartsFromTheStream(t *testing.T) {
+	t.Parallel()
+	_, js := startServer(t)
+	s := testSettings()
+	a := newEngine(t, "a")
+	reqs := trace(300, 12)
+	rr := startRelay(t, js, relayConfig(s), a)
+	r := startRouter(t, js, s)
+	a.serve(reqs[:100])
+	relayed(t, rr, a)
+	rr.snapshotNow(t)
+	old, oldMeta := takeSnapshot(t, js, s)
+	a.serve(reqs[100:160]) // published after the snapshot
+	relayed(t, rr, a)
+	rr.stop()
+	putSnapshot(t, js, s, old, oldMeta)
+	a.restart(t)
+	a.serve(reqs[160:])
+	rr2 := startRelay(t, js, relayConfig(s), a)
+	relayed(t, rr2, a)
+	if st := rr2.Stats(); st.Resets != 1 || st.Restored != 1 {
+		t.Errorf("restarted relay %+v: want the restored worker reset once", st)
+	}
+	caughtUp(t, js, s, r)
+	if err := exact(r.p, a); err != nil {
+		t.Error(err)
+	}
+	if err := sameBlocks(rr2.Pipeline(), r); err != nil {
+		t.Error(err)
+	}
+}

@@ -1,0 +1,408 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/pace"
+	"github.com/kvpipe/kvpipe/snapshot"
+	"github.com/kvpipe/kvpipe/supervisor"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// FollowerConfig configures a Follower.
+type FollowerConfig struct {
+	Settings Settings // the relay's
+	Logger   *slog.Logger
+}
+
+// Follower is a supervisor.Source that feeds a router's Pipeline from a
+// relay's stream instead of the engines: it starts from the newest
+// snapshot in the bucket, if the stream still holds every message after
+// it, and then applies the stream's messages in order with one ordered
+// consumer. Its Run is the Source's: Pipeline runs it, and runs it again
+// (after a backoff) when it returns an error, e.g. when the stream lost
+// messages it had not read yet; each Run starts from the snapshot again.
+//
+// What it guarantees: each worker's entries are the relay's, as of the
+// last message applied, and a worker whose history the follower could not
+// see whole (no usable snapshot and a trimmed stream, a bad message) is
+// Partial until a clear of the worker makes it whole again. It never
+// keeps a key because it missed a message: a gap in the stream starts it
+// over, and a bad message clears its worker.
+type Follower struct {
+	js    jetstream.JetStream
+	cfg   FollowerConfig
+	log   *slog.Logger
+	stats followerCounters
+	busy  atomic.Bool
+
+	mu     sync.Mutex // guards reason
+	reason string
+
+	// Owned by Run (its calls never overlap).
+	fed      map[string]bool // workers given ops, across runs: the next run clears those it does not rebuild
+	snap     snapshot.Snapshot
+	buf      []byte
+	ops      []index.Op
+	warn     pace.Limiter
+	lastSeen uint64 // the stream sequence of the last message handled in this run
+	// applied, when set (benchmarks), sees each message's sequence once
+	// it is handed to the pipeline.
+	applied func(seq uint64)
+}
+
+// FollowerStats are a follower's counters.
+type FollowerStats struct {
+	Applied    uint64 // messages applied
+	Skipped    uint64 // messages the snapshot already held
+	Duplicates uint64 // messages at or before the last one handled (a consumer resumed): dropped
+	// BadMessages could not be decoded (their worker was cleared, and is
+	// Partial until a clear in the stream); Gaps are runs ended because the
+	// stream no longer held the next message.
+	BadMessages, Gaps uint64
+	// SnapshotsLoaded and SnapshotsRefused count the snapshots each run
+	// found; RefusedReason says why the last refused one was.
+	SnapshotsLoaded, SnapshotsRefused uint64
+	RefusedReason                     string
+	Runs                              uint64
+	LastApplied                       uint64 // stream sequence of the last message handled
+	Lag                               uint64 // messages in the stream after it
+}
+
+type followerCounters struct {
+	applied, skipped, duplicates, bad, gaps atomic.Uint64
+	loaded, refused, runs                   atomic.Uint64
+	lastApplied, lag                        atomic.Uint64
+}
+
+// Stats returns the follower's counters; any goroutine may call it.
+func (f *Follower) Stats() FollowerStats {
+	c := &f.stats
+	f.mu.Lock()
+	reason := f.reason
+	f.mu.Unlock()
+	return FollowerStats{Applied: c.applied.Load(), Skipped: c.skipped.Load(), Duplicates: c.duplicates.Load(),
+		BadMessages: c.bad.Load(), Gaps: c.gaps.Load(), SnapshotsLoaded: c.loaded.Load(), SnapshotsRefused: c.refused.Load(),
+		RefusedReason: reason, Runs: c.runs.Load(), LastApplied: c.lastApplied.Load(), Lag: c.lag.Load()}
+}
+
+// NewFollower returns a follower of the relay whose settings cfg holds.
+func NewFollower(js jetstream.JetStream, cfg FollowerConfig) (*Follower, error) {
+	var err error
+	if cfg.Settings, err = cfg.Settings.withDefaults(); err != nil {
+		return nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Follower{js: js, cfg: cfg, log: cfg.Logger, fed: map[string]bool{}, warn: pace.Limiter{Every: time.Second}}, nil
+}
+
+var _ supervisor.Source = (*Follower)(nil)
+
+// followed is what a run knows of one worker.
+type followed struct {
+	name    string
+	covered uint64 // its messages up to this sequence are in the snapshot
+	whole   bool   // its entries are the relay's: seen from a snapshot, a clear or its start
+}
+
+// errGap ends a run whose stream skipped messages it had not read.
+var errGap = errors.New("relay: the stream no longer holds messages the follower has not read")
+
+// Run feeds f's pipeline until ctx ends (nil) or the stream fails it.
+func (f *Follower) Run(ctx context.Context, feed *supervisor.Feed) error {
+	if f.busy.Swap(true) {
+		return errors.New("relay: Follower.Run called again while running")
+	}
+	defer f.busy.Store(false)
+	f.stats.runs.Add(1)
+	err := f.run(ctx, feed)
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+func (f *Follower) run(ctx context.Context, feed *supervisor.Feed) error {
+	s := f.cfg.Settings
+	stream, err := f.js.Stream(ctx, s.Stream)
+	if err != nil {
+		return fmt.Errorf("relay: stream %s: %w", s.Stream, err)
+	}
+	// The snapshot first, the stream's state after: a snapshot written in
+	// between then is checked against a stream that has what it covers.
+	snap, meta, err := f.load(ctx, feed.BlockSize())
+	if err != nil {
+		return err
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("relay: stream %s: %w", s.Stream, err)
+	}
+	st := info.State
+	workers := map[string]*followed{}
+	var base uint64 // with a snapshot: every worker's messages up to base are in it
+	defaultWhole := st.FirstSeq <= 1
+	if snap != nil {
+		var reason string
+		if base, reason = check(snap, meta, info); reason != "" {
+			f.refuse(reason)
+			snap = nil
+			// A stream made again, or one that lost what followed the
+			// snapshot, does not hold the workers' whole history.
+			defaultWhole = false
+		}
+	}
+	if snap != nil {
+		f.stats.loaded.Add(1)
+		if err := f.applySnapshot(ctx, feed, snap, base, workers); err != nil {
+			return err
+		}
+	} else {
+		// Nothing of an earlier run may stay: the stream rebuilds what it
+		// can, from its first message.
+		for name := range f.fed {
+			if err := feed.Apply(ctx, name, true, []index.Op{{Kind: index.OpClearWorker}}); err != nil {
+				return err
+			}
+		}
+		if !defaultWhole {
+			f.log.Warn("kvpipe/relay: following the stream without a snapshot from a point after its start: workers are partial until their engines clear",
+				"first_seq", st.FirstSeq)
+		}
+	}
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{s.Prefix + ".>"}}
+	next := max(st.FirstSeq, 1) // the sequence expected next
+	if snap != nil {
+		cfg.DeliverPolicy, cfg.OptStartSeq, next = jetstream.DeliverByStartSequencePolicy, base+1, base+1
+	}
+	cons, err := f.js.OrderedConsumer(ctx, s.Stream, cfg)
+	if err != nil {
+		return fmt.Errorf("relay: consumer: %w", err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return fmt.Errorf("relay: consumer: %w", err)
+	}
+	defer it.Stop()
+	f.lastSeen = next - 1
+	f.stats.lastApplied.Store(f.lastSeen) // what the snapshot covers counts as applied
+	first := true
+	for {
+		msg, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			return fmt.Errorf("relay: consuming %s: %w", s.Stream, err)
+		}
+		md, err := msg.Metadata()
+		if err != nil {
+			return fmt.Errorf("relay: consuming %s: %w", s.Stream, err)
+		}
+		seq := md.Sequence.Stream
+		f.stats.lag.Store(md.NumPending)
+		if seq <= f.lastSeen {
+			f.stats.duplicates.Add(1)
+			continue
+		}
+		if seq != next {
+			if !first || snap != nil {
+				f.stats.gaps.Add(1)
+				return fmt.Errorf("%w: next was %d, the stream delivered %d", errGap, next, seq)
+			}
+			// Trimmed between reading the stream's state and the
+			// consumer's start: the history is not whole after all.
+			defaultWhole = false
+			for _, w := range workers {
+				w.whole = false
+			}
+		}
+		first = false
+		next, f.lastSeen = seq+1, seq
+		if err := f.handle(ctx, feed, workers, msg, seq, base, defaultWhole); err != nil {
+			return err
+		}
+		f.stats.lastApplied.Store(seq)
+	}
+}
+
+// handle applies the message at seq, unless the snapshot covers it.
+func (f *Follower) handle(ctx context.Context, feed *supervisor.Feed, workers map[string]*followed, msg jetstream.Msg,
+	seq, base uint64, defaultWhole bool) error {
+	s := f.cfg.Settings
+	w := workers[msg.Subject()]
+	if w == nil {
+		name, err := workerOfSubject(s.Prefix, msg.Subject())
+		if err != nil {
+			f.badMessage(seq, msg.Subject(), err)
+			return nil // no worker of ours: nothing to clear
+		}
+		w = &followed{name: name, covered: base, whole: defaultWhole}
+		workers[msg.Subject()] = w
+	}
+	if seq <= w.covered {
+		f.stats.skipped.Add(1)
+		return nil
+	}
+	ops, partial, err := DecodeMessage(msg.Data(), f.ops)
+	f.ops = ops[:0]
+	if err != nil {
+		// Its ops are lost, removes perhaps among them: the worker's
+		// entries go, and it is partial until a clear makes it whole.
+		f.badMessage(seq, msg.Subject(), err)
+		w.whole = false
+		if err := feed.Apply(ctx, w.name, true, []index.Op{{Kind: index.OpClearWorker}}); err != nil {
+			return err
+		}
+		f.fed[w.name] = true
+		return nil
+	}
+	removed := false
+	for _, op := range ops {
+		switch op.Kind {
+		case index.OpClearWorker:
+			w.whole = true // from here on its entries are the relay's
+		case index.OpRemoveWorker:
+			removed = true
+		}
+	}
+	if err := feed.Apply(ctx, w.name, partial || !w.whole, ops); err != nil {
+		return err
+	}
+	f.stats.applied.Add(1)
+	if f.applied != nil {
+		f.applied(seq)
+	}
+	if removed {
+		// Gone on the relay; added again, it starts from nothing there
+		// and here alike.
+		delete(f.fed, w.name)
+		w.covered, w.whole = 0, true
+	} else {
+		f.fed[w.name] = true
+	}
+	return nil
+}
+
+// load reads and decodes the newest snapshot; nil without a usable one.
+// An error is NATS trouble, for the run to be tried again.
+func (f *Follower) load(ctx context.Context, blockSize int) (*snapshot.Snapshot, SnapshotMeta, error) {
+	s := f.cfg.Settings
+	obs, err := f.js.ObjectStore(ctx, s.Bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, SnapshotMeta{}, nil
+	}
+	if err != nil {
+		return nil, SnapshotMeta{}, fmt.Errorf("relay: bucket %s: %w", s.Bucket, err)
+	}
+	var meta SnapshotMeta
+	f.buf, meta, err = NewObjectStore(obs, s.Object).LoadMeta(ctx, f.buf[:0])
+	switch {
+	case errors.Is(err, snapshot.ErrNotFound):
+		return nil, meta, nil
+	case errors.Is(err, snapshot.ErrCorrupt):
+		f.refuse(err.Error())
+		return nil, meta, nil
+	case err != nil:
+		return nil, meta, err
+	}
+	if err := snapshot.Decode(f.buf, &f.snap); err != nil {
+		f.refuse(fmt.Sprintf("snapshot unusable (%d bytes): %v", len(f.buf), err))
+		return nil, meta, nil
+	}
+	if f.snap.BlockSize != blockSize {
+		f.refuse(fmt.Sprintf("snapshot of block size %d, the router's is %d", f.snap.BlockSize, blockSize))
+		return nil, meta, nil
+	}
+	return &f.snap, meta, nil
+}
+
+// check says why snap cannot be used with the stream as info describes it
+// ("" when it can), and the sequence up to which it covers every worker.
+func check(snap *snapshot.Snapshot, meta SnapshotMeta, info *jetstream.StreamInfo) (base uint64, reason string) {
+	st := info.State
+	base = meta.StreamLast
+	if !meta.Known {
+		base = 0
+		for i := range snap.Workers {
+			if seq := snap.Workers[i].StreamSeq; i == 0 || seq < base {
+				base = seq
+			}
+		}
+	}
+	for i := range snap.Workers {
+		if w := &snap.Workers[i]; w.StreamSeq > st.LastSeq {
+			return 0, fmt.Sprintf("worker %q covers stream seq %d, past the stream's last %d: the stream was deleted or purged under the snapshot",
+				w.Name, w.StreamSeq, st.LastSeq)
+		}
+	}
+	if base > st.LastSeq {
+		return 0, fmt.Sprintf("snapshot covers stream seq %d, past the stream's last %d: the stream was deleted or purged under the snapshot",
+			base, st.LastSeq)
+	}
+	if meta.Known && !meta.StreamCreated.Equal(info.Created) {
+		return 0, fmt.Sprintf("snapshot of the stream created %s, this one was created %s: the stream was made again",
+			meta.StreamCreated.Format(time.RFC3339Nano), info.Created.Format(time.RFC3339Nano))
+	}
+	if base+1 < st.FirstSeq {
+		return 0, fmt.Sprintf("the stream no longer holds seq %d to %d after the snapshot (its first is %d): older than its retention",
+			base+1, st.FirstSeq-1, st.FirstSeq)
+	}
+	return base, ""
+}
+
+// applySnapshot rebuilds every worker of snap, removes the workers of an
+// earlier run that snap does not have, and fills workers with what the run
+// knows of each.
+func (f *Follower) applySnapshot(ctx context.Context, feed *supervisor.Feed, snap *snapshot.Snapshot, base uint64, workers map[string]*followed) error {
+	in := map[string]bool{}
+	for i := range snap.Workers {
+		in[string(snap.Workers[i].Name)] = true
+	}
+	for name := range f.fed {
+		if !in[name] {
+			if err := feed.Apply(ctx, name, true, []index.Op{{Kind: index.OpRemoveWorker}}); err != nil {
+				return err
+			}
+			delete(f.fed, name)
+		}
+	}
+	for i := range snap.Workers {
+		w := &snap.Workers[i]
+		name := string(w.Name)
+		f.ops = w.AppendOps(append(f.ops[:0], index.Op{Kind: index.OpClearWorker}))
+		// In parts of at most a shard batch; partial until the last.
+		for ops := f.ops; len(ops) > 0; {
+			n := min(len(ops), 256)
+			if err := feed.Apply(ctx, name, w.Partial || n < len(ops), ops[:n]); err != nil {
+				return err
+			}
+			ops = ops[n:]
+		}
+		f.fed[name] = true
+		workers[f.cfg.Settings.Subject(name)] = &followed{name: name, covered: max(w.StreamSeq, base), whole: true}
+	}
+	f.log.Info("kvpipe/relay: started from the snapshot", "workers", len(snap.Workers), "blocks", snap.Blocks(), "stream_seq", base)
+	return nil
+}
+
+func (f *Follower) refuse(reason string) {
+	f.stats.refused.Add(1)
+	f.mu.Lock()
+	f.reason = reason
+	f.mu.Unlock()
+	f.log.Error("kvpipe/relay: snapshot refused; following the stream from its first message", "reason", reason)
+}
+
+func (f *Follower) badMessage(seq uint64, subject string, err error) {
+	f.stats.bad.Add(1)
+	if n, ok := f.warn.Allow(time.Now()); ok {
+		f.log.Warn("kvpipe/relay: bad message skipped", "seq", seq, "subject", subject, "err", err, "suppressed", n)
+	}
+}

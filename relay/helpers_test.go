@@ -1,0 +1,387 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/natstest"
+	"github.com/kvpipe/kvpipe/internal/sim"
+	"github.com/kvpipe/kvpipe/internal/ztest"
+	"github.com/kvpipe/kvpipe/supervisor"
+	"github.com/kvpipe/kvpipe/wire"
+	"github.com/kvpipe/kvpipe/wire/wiretest"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+func TestMain(m *testing.M) { ztest.VerifyNoLeaks(m) }
+
+// bs is the engines' and the routers' block size: a trace block of 512
+// tokens is 8 of them.
+const bs = 64
+
+// testLogger logs to stderr with -v and KVPIPE_TEST_LOG set, else nowhere.
+func testLogger() *slog.Logger {
+	if os.Getenv("KVPIPE_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// engine is a simulated engine (a prefix cache that evicts, with a host
+// tier) behind a real ZMQ PUB and replay ROUTER.
+type engine struct {
+	name       string
+	sim        *sim.Engine
+	pub        *wiretest.Publisher
+	ep, replay string
+	queries    []query // every request it served, once
+	seen       map[*sim.Request]bool
+}
+
+// query is a served request and its router keys, hashed once.
+type query struct {
+	r    *sim.Request
+	keys []uint64
+}
+
+func newEngine(t testing.TB, name string) *engine {
+	t.Helper()
+	e := &engine{name: name, sim: sim.NewEngine(bs, 120, sim.WithCPUOffload(160)), ep: ztest.FreeTCP(t), replay: ztest.FreeTCP(t)}
+	pub, err := wiretest.NewPublisher(wiretest.PublisherConfig{Endpoint: e.ep, ReplayEndpoint: e.replay})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.pub = pub
+	t.Cleanup(func() { pub.Close() })
+	return e
+}
+
+func (e *engine) config() supervisor.WorkerConfig {
+	return supervisor.WorkerConfig{Endpoint: e.ep, ReplayEndpoint: e.replay}
+}
+
+// serve runs the requests, publishing one batch for each that changed the
+// cache; it returns the batches published.
+func (e *engine) serve(reqs []sim.Request) int {
+	n := 0
+	for i := range reqs {
+		r := &reqs[i]
+		tokens := sim.PromptTokens(nil, r)
+		evs, _ := e.sim.Serve(nil, r, tokens)
+		if !e.seen[r] {
+			if e.seen == nil {
+				e.seen = map[*sim.Request]bool{}
+			}
+			e.seen[r] = true
+			var h index.Hasher
+			e.queries = append(e.queries, query{r, h.Prompt(nil, tokens, bs)})
+		}
+		if len(evs) > 0 {
+			e.pub.Publish(codec.AppendBatch(nil, &codec.Batch{Events: evs}, codec.CurrentVLLM))
+			n++
+		}
+	}
+	return n
+}
+
+// trace returns n synthetic requests, the same for a seed.
+func trace(n int, seed uint64) []sim.Request { return sim.SyntheticTrace(n, seed) }
+
+// startServer starts an in-process nats-server and connects to it.
+func startServer(t testing.TB) (*natstest.Server, jetstream.JetStream) {
+	t.Helper()
+	srv := natstest.Start(t)
+	js, err := jetstream.New(srv.Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, js
+}
+
+// testSettings are small enough for tests to trim.
+func testSettings() Settings {
+	return Settings{Prefix: "test.ops", Stream: "TEST_OPS", Bucket: "test-snapshots", Object: "snap"}
+}
+
+func relayConfig(s Settings) Config {
+	return Config{
+		Settings: s,
+		Pipeline: supervisor.Config{BlockSize: bs, Logger: testLogger(),
+			Subscriber: wire.Options{ReconnectMin: 10 * time.Millisecond, ReconnectMax: 100 * time.Millisecond}},
+		SnapshotEvery:  time.Hour, // tests write snapshots when they want them
+		PublishTimeout: 500 * time.Millisecond,
+		RetryMin:       10 * time.Millisecond, RetryMax: 100 * time.Millisecond,
+	}
+}
+
+// running is a Relay run by a test.
+type running struct {
+	*Relay
+	cancel context.CancelFunc
+	done   chan error
+	once   sync.Once
+	err    error
+}
+
+// startRelay runs a relay of cfg for the engines until the test ends or
+// stop is called.
+func startRelay(t testing.TB, js jetstream.JetStream, cfg Config, engines ...*engine) *running {
+	t.Helper()
+	r, err := New(js, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range engines {
+		if err := r.AddWorker(e.name, e.config()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	rr := &running{Relay: r, cancel: cancel, done: make(chan error, 1)}
+	go func() { rr.done <- r.Run(ctx) }()
+	t.Cleanup(rr.stop)
+	return rr
+}
+
+// stop ends the relay's Run (it writes its last snapshot) and waits.
+func (rr *running) stop() {
+	rr.once.Do(func() {
+		rr.cancel()
+		rr.err = <-rr.done
+	})
+}
+
+// snapshotNow writes the relay's snapshot now, as its ticker would.
+func (rr *running) snapshotNow(t testing.TB) {
+	t.Helper()
+	rr.mu.Lock()
+	ru := rr.cur
+	rr.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	before := rr.Stats().Snapshots
+	for ru.stream == nil || ru.p.Stats().Workers == nil { // not set up yet
+		if ctx.Err() != nil {
+			t.Fatal("relay not running")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := ru.snapshot(ctx); err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
+	if rr.Stats().Snapshots != before+1 {
+		t.Fatal("snapshot not counted")
+	}
+}
+
+// router is a router's Pipeline fed by a Follower.
+type router struct {
+	p *supervisor.Pipeline
+	f *Follower
+}
+
+func startRouter(t testing.TB, js jetstream.JetStream, s Settings) *router {
+	t.Helper()
+	f, err := NewFollower(js, FollowerConfig{Settings: s, Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := supervisor.New(supervisor.Config{BlockSize: bs, Source: f, Logger: testLogger(),
+		RestartMin: 10 * time.Millisecond, RestartMax: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.Run(context.Background()) }()
+	t.Cleanup(func() {
+		p.Shutdown(context.Background())
+		if err := <-done; err != nil {
+			t.Errorf("router Run: %v", err)
+		}
+	})
+	return &router{p: p, f: f}
+}
+
+// eventually polls cond until it returns nil, for up to 30s.
+func eventually(t testing.TB, what string, cond func() error) {
+	t.Helper()
+	var err error
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
+		if err = cond(); err == nil {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("timed out waiting for %s: %v", what, err)
+}
+
+// exact reports where p's answers differ from what the engines hold: for
+// every request an engine served, every engine's leading blocks on device
+// and in device or host, and the worker not partial.
+func exact(p *supervisor.Pipeline, engines ...*engine) error {
+	ctx := context.Background()
+	for _, e := range engines {
+		for _, q := range e.queries {
+			ms, err := p.FindMatchesKeys(ctx, q.keys)
+			if err != nil {
+				return err
+			}
+			for _, o := range engines {
+				dev, any := o.sim.Held(q.r)
+				var m supervisor.Match
+				for _, x := range ms {
+					if x.Worker == o.name {
+						m = x
+					}
+				}
+				if m.Blocks != dev || m.Tiers[index.TierHost] != any {
+					return fmt.Errorf("%s scores %d on device, %d with host; its engine holds %d, %d", o.name, m.Blocks, m.Tiers[index.TierHost], dev, any)
+				}
+				if m.Partial {
+					return fmt.Errorf("%s partial", o.name)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// sound reports a key p holds that an engine does not: p may lack blocks,
+// never have extra ones.
+func sound(p *supervisor.Pipeline, engines ...*engine) error {
+	ctx := context.Background()
+	for _, e := range engines {
+		for _, q := range e.queries {
+			ms, err := p.FindMatchesKeys(ctx, q.keys)
+			if err != nil {
+				return err
+			}
+			for _, o := range engines {
+				dev, any := o.sim.Held(q.r)
+				for _, m := range ms {
+					if m.Worker == o.name && (m.Blocks > dev || m.Tiers[index.TierHost] > any) {
+						return fmt.Errorf("%s scores %d on device, %d with host; its engine holds only %d, %d", o.name, m.Blocks, m.Tiers[index.TierHost], dev, any)
+					}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// sameBlocks reports where the routers' per-worker block counts differ
+// from the relay's own pipeline's, tier by tier.
+func sameBlocks(relay *supervisor.Pipeline, routers ...*router) error {
+	want := map[string][index.NumTiers]int64{}
+	for _, w := range relay.Stats().Workers {
+		want[w.Name] = w.Actor.TierBlocks
+	}
+	for i, r := range routers {
+		got := map[string][index.NumTiers]int64{}
+		for _, w := range r.p.Stats().Workers {
+			got[w.Name] = w.Actor.TierBlocks
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			return fmt.Errorf("router %d holds %v blocks per worker and tier, the relay %v", i, got, want)
+		}
+	}
+	return nil
+}
+
+// streamState is the stream's first and last sequence and message count.
+func streamState(t testing.TB, js jetstream.JetStream, s Settings) jetstream.StreamState {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := js.Stream(ctx, s.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State
+}
+
+// caughtUp waits until the router has handled every message in the stream.
+func caughtUp(t testing.TB, js jetstream.JetStream, s Settings, rs ...*router) {
+	t.Helper()
+	last := streamState(t, js, s).LastSeq
+	eventually(t, "routers caught up", func() error {
+		for i, r := range rs {
+			if st := r.f.Stats(); st.LastApplied < last {
+				return fmt.Errorf("router %d at seq %d of %d", i, st.LastApplied, last)
+			}
+		}
+		return nil
+	})
+	for _, r := range rs { // and its shards have applied all of it
+		if err := r.p.Sync(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// holdsSome reports whether p scores any worker above 0 for an engine's
+// request.
+func holdsSome(p *supervisor.Pipeline, engines ...*engine) bool {
+	for _, e := range engines {
+		for _, q := range e.queries {
+			if ms, _ := p.FindMatchesKeys(context.Background(), q.keys); len(ms) > 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// relayed waits until the relay's workers have each published all of their
+// engine's batches (the relay's index is then the engines').
+func relayed(t testing.TB, rr *running, engines ...*engine) {
+	t.Helper()
+	eventually(t, "relay caught up with the engines", func() error {
+		p := rr.Pipeline()
+		if p == nil {
+			return fmt.Errorf("no pipeline")
+		}
+		// Cheap first: as many blocks per tier as the engine holds.
+		for _, e := range engines {
+			w, _ := p.Stats().Worker(e.name)
+			if tb := w.Actor.TierBlocks; tb[index.TierDevice] != int64(e.sim.Len()) || tb[index.TierHost] != int64(e.sim.HostLen()) {
+				return fmt.Errorf("worker %s holds %v blocks, its engine %d and %d", e.name, tb, e.sim.Len(), e.sim.HostLen())
+			}
+		}
+		if err := p.Sync(context.Background()); err != nil {
+			return err
+		}
+		return exact(p, engines...)
+	})
+}
+
+// appendEvents is the payload of one batch of evs.
+func appendEvents(evs ...codec.Event) []byte {
+	return codec.AppendBatch(nil, &codec.Batch{Events: evs}, codec.CurrentVLLM)
+}
+
+// restart replaces the engine with a new incarnation on the same
+// endpoints: an empty cache, seqs from 0 again.
+func (e *engine) restart(t testing.TB) {
+	t.Helper()
+	e.pub.Close()
+	pub, err := wiretest.NewPublisher(wiretest.PublisherConfig{Endpoint: e.ep, ReplayEndpoint: e.replay})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.pub = pub
+	t.Cleanup(func() { pub.Close() })
+	e.sim = sim.NewEngine(bs, 120, sim.WithCPUOffload(160))
+	e.queries, e.seen = nil, nil
+}

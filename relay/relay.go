@@ -1,0 +1,679 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvpipe/kvpipe/actor"
+	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/pace"
+	"github.com/kvpipe/kvpipe/snapshot"
+	"github.com/kvpipe/kvpipe/supervisor"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Config configures a Relay.
+type Config struct {
+	Settings Settings
+	// Pipeline configures the engine side as for a router; the relay sets
+	// its Publish, and Publish and Source must be unset. Its Backpressure
+	// must be Block: a dropped batch would resync the worker, and two
+	// relays would then part ways (see the message ids).
+	Pipeline supervisor.Config
+	// SnapshotEvery is how often the relay writes its snapshot (default
+	// 15s); it writes one more when Run's context ends.
+	SnapshotEvery time.Duration
+	// PublishTimeout bounds one publish attempt (default 2s); a publish is
+	// tried again, with a backoff from RetryMin to RetryMax (defaults 50ms
+	// and 2s), until it is acknowledged or the worker stops.
+	PublishTimeout     time.Duration
+	RetryMin, RetryMax time.Duration
+	// ShutdownTimeout bounds the last snapshot and the pipeline's drain
+	// once Run's context ends (default 10s).
+	ShutdownTimeout time.Duration
+	Logger          *slog.Logger // default Pipeline.Logger, else none
+}
+
+// ErrStreamChanged: the stream was deleted (and made again) under a running
+// relay. Run handles it itself, by starting its pipeline again from the
+// last snapshot; it is exported for logs.
+var ErrStreamChanged = errors.New("relay: the stream was deleted or made again under the relay")
+
+// Relay subscribes to engines through a supervisor.Pipeline and publishes
+// each worker's normalised index ops to the stream, one message per batch
+// of ops, each acknowledged before the worker goes on; every SnapshotEvery
+// it writes the pipeline's snapshot, with the stream sequence each worker
+// reached, to the object store. New starts nothing; Run owns every
+// goroutine until it returns. A Relay runs once.
+type Relay struct {
+	js    jetstream.JetStream
+	cfg   Config
+	log   *slog.Logger
+	nonce uint64 // this relay process's, in the ids of ops made of no engine batch
+	other atomic.Uint64
+	stats counters
+
+	mu      sync.Mutex
+	workers map[string]supervisor.WorkerConfig
+	cur     *run // the pipeline running, or to run next
+	ran     bool
+
+	warnMu sync.Mutex
+	warn   pace.Limiter
+}
+
+// Stats are a relay's counters.
+type Stats struct {
+	Published  uint64 // messages the stream acknowledged, duplicates included
+	Duplicates uint64 // of those, acknowledged as copies of a message stored before
+	Retries    uint64 // publish attempts that failed and were tried again
+	// Abandoned: publishes given up because their worker stopped (its
+	// batch is replayed by the next relay from the last snapshot).
+	Abandoned      uint64
+	EncodeErrors   uint64 // batches with an op no message can carry (a bug): not published
+	Snapshots      uint64 // snapshots written
+	SnapshotErrors uint64 // snapshots that could not be taken or written
+	SnapshotBytes  uint64 // size of the last one written
+	// Restored is how many workers started from the snapshot loaded at the
+	// last start; SnapshotIgnored counts snapshots loaded but not used
+	// (corrupt, another block size, refused by the pipeline).
+	Restored        uint64
+	SnapshotIgnored uint64
+	StreamChanges   uint64 // times the stream was found deleted or made again
+	// Replayed counts a restored worker's messages the stream already held
+	// (made again by its replay: not sent). Resets counts workers reset in
+	// the stream because their ops parted from what it holds of them.
+	Replayed, Resets uint64
+}
+
+type counters struct {
+	published, duplicates, retries, abandoned, encodeErrors atomic.Uint64
+	snapshots, snapshotErrors, snapshotBytes                atomic.Uint64
+	restored, snapshotIgnored, streamChanges, replayed      atomic.Uint64
+	resets                                                  atomic.Uint64
+}
+
+// Stats returns the relay's counters; any goroutine may call it.
+func (r *Relay) Stats() Stats {
+	c := &r.stats
+	return Stats{Published: c.published.Load(), Duplicates: c.duplicates.Load(), Retries: c.retries.Load(),
+		Abandoned: c.abandoned.Load(), EncodeErrors: c.encodeErrors.Load(), Snapshots: c.snapshots.Load(),
+		SnapshotErrors: c.snapshotErrors.Load(), SnapshotBytes: c.snapshotBytes.Load(), Restored: c.restored.Load(),
+		SnapshotIgnored: c.snapshotIgnored.Load(), StreamChanges: c.streamChanges.Load(),
+		Replayed: c.replayed.Load(), Resets: c.resets.Load()}
+}
+
+// New validates cfg and returns a relay publishing through js. It starts
+// nothing.
+func New(js jetstream.JetStream, cfg Config) (*Relay, error) {
+	var err error
+	if cfg.Settings, err = cfg.Settings.withDefaults(); err != nil {
+		return nil, err
+	}
+	switch {
+	case cfg.Pipeline.Publish != nil || cfg.Pipeline.Source != nil:
+		return nil, errors.New("relay: Pipeline.Publish and Pipeline.Source must be unset: the relay sets Publish")
+	case cfg.Pipeline.Backpressure != supervisor.Block:
+		return nil, errors.New("relay: Pipeline.Backpressure must be Block")
+	case cfg.SnapshotEvery < 0 || cfg.PublishTimeout < 0 || cfg.ShutdownTimeout < 0:
+		return nil, errors.New("relay: durations must not be negative")
+	}
+	if cfg.SnapshotEvery == 0 {
+		cfg.SnapshotEvery = 15 * time.Second
+	}
+	if cfg.PublishTimeout == 0 {
+		cfg.PublishTimeout = 2 * time.Second
+	}
+	if cfg.RetryMin <= 0 {
+		cfg.RetryMin = 50 * time.Millisecond
+	}
+	if cfg.RetryMax < cfg.RetryMin {
+		cfg.RetryMax = max(2*time.Second, cfg.RetryMin)
+	}
+	if cfg.ShutdownTimeout == 0 {
+		cfg.ShutdownTimeout = 10 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = cfg.Pipeline.Logger
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Pipeline.Logger == nil {
+		cfg.Pipeline.Logger = cfg.Logger
+	}
+	r := &Relay{js: js, cfg: cfg, log: cfg.Logger, nonce: rand.Uint64(), workers: map[string]supervisor.WorkerConfig{},
+		warn: pace.Limiter{Every: time.Second}}
+	// The first pipeline is made now so that AddWorker checks each
+	// worker's config at once, as a Pipeline's does.
+	if r.cur, err = r.newRun(); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// run is one pipeline of the relay and what its publishes share. Run makes
+// another when the stream is made again under it.
+type run struct {
+	r *Relay
+	p *supervisor.Pipeline
+	// Set by Run before the pipeline runs, read-only after.
+	stream  jetstream.Stream
+	store   *ObjectStore
+	created time.Time // the stream's creation time: its incarnation
+	stop    context.CancelFunc
+	done    chan error // the pipeline's Run result
+	// resetting: workers being reset (part); done before the pipeline stops.
+	resetting sync.WaitGroup
+
+	mu   sync.Mutex
+	pubs map[string]*pubState
+}
+
+// pubState is one worker's publishing state, used by the goroutine calling
+// Publish for it (the worker's, then the one that removes it).
+type pubState struct {
+	subject, token string
+	lineage        lineage
+	last           uint64 // the stream sequence of its last acknowledged message
+	fresh          bool   // started from nothing, nothing published yet
+	// expect: the ids and sequences of the messages the stream holds for
+	// the worker after its snapshot, which its replay must make again
+	// (restored workers only); quiet: it parted from the stream and is
+	// being reset, so it publishes nothing until then.
+	expect  []stored
+	quiet   bool
+	msg, id []byte
+}
+
+// stored is one message the stream holds.
+type stored struct {
+	id  string
+	seq uint64
+}
+
+func (r *Relay) newRun() (*run, error) {
+	ru := &run{r: r, pubs: map[string]*pubState{}}
+	pc := r.cfg.Pipeline
+	pc.Publish = ru.publish
+	p, err := supervisor.New(pc)
+	if err != nil {
+		return nil, err
+	}
+	ru.p = p
+	return ru, nil
+}
+
+// AddWorker subscribes to one engine, as Pipeline.AddWorker does; the
+// relay keeps its config across its pipelines.
+func (r *Relay) AddWorker(name string, wc supervisor.WorkerConfig) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cur == nil {
+		return supervisor.ErrClosed
+	}
+	if err := r.cur.p.AddWorker(name, wc); err != nil {
+		return err
+	}
+	r.workers[name] = wc
+	return nil
+}
+
+// RemoveWorker stops a worker, as Pipeline.RemoveWorker does; its last
+// message, one OpRemoveWorker, removes it from every follower.
+func (r *Relay) RemoveWorker(ctx context.Context, name string) error {
+	r.mu.Lock()
+	if _, ok := r.workers[name]; !ok {
+		r.mu.Unlock()
+		return fmt.Errorf("%w: %q", supervisor.ErrNoWorker, name)
+	}
+	delete(r.workers, name)
+	ru := r.cur
+	r.mu.Unlock()
+	if ru == nil {
+		return nil
+	}
+	return ru.p.RemoveWorker(ctx, name)
+}
+
+// Pipeline is the pipeline the relay runs now (another one after the stream
+// was made again under it): its FindMatches answers as a router's would.
+func (r *Relay) Pipeline() *supervisor.Pipeline {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cur == nil {
+		return nil
+	}
+	return r.cur.p
+}
+
+// Run ensures the stream and the bucket, starts the workers from the
+// snapshot in the bucket (if one is usable), runs the pipeline publishing
+// every batch of ops, and writes a snapshot every SnapshotEvery. When ctx
+// ends it writes a last snapshot, stops the pipeline and returns ctx's
+// cause, once every goroutine it started has stopped. It waits for NATS
+// while it cannot reach it.
+func (r *Relay) Run(ctx context.Context) error {
+	r.mu.Lock()
+	if r.ran {
+		r.mu.Unlock()
+		return supervisor.ErrRunning
+	}
+	r.ran = true
+	ru := r.cur
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		r.cur = nil
+		r.mu.Unlock()
+	}()
+	for {
+		err := ru.run(ctx)
+		if !errors.Is(err, ErrStreamChanged) {
+			return err
+		}
+		r.stats.streamChanges.Add(1)
+		r.log.Error("kvpipe/relay: the stream was deleted or made again under the relay: starting again from the last snapshot")
+		// The next pipeline takes the workers over before this one stops,
+		// so that AddWorker never meets a pipeline that is stopping.
+		r.mu.Lock()
+		next, err := r.newRun()
+		if err == nil {
+			for name, wc := range r.workers {
+				if err = next.p.AddWorker(name, wc); err != nil {
+					break
+				}
+			}
+		}
+		if err == nil {
+			r.cur = next
+		}
+		r.mu.Unlock()
+		ru.finish(context.WithoutCancel(ctx))
+		if err != nil {
+			return err
+		}
+		if ctx.Err() != nil {
+			next.p.Shutdown(ctx) // never ran
+			return context.Cause(ctx)
+		}
+		ru = next
+	}
+}
+
+// run runs ru's pipeline until ctx ends, when it writes the last snapshot
+// and stops the pipeline, or until the stream changes under it, when it
+// returns ErrStreamChanged and leaves the pipeline to finish.
+func (ru *run) run(ctx context.Context) error {
+	r := ru.r
+	backoff := pace.Backoff{Min: r.cfg.RetryMin, Max: r.cfg.RetryMax}
+	for {
+		err := ru.setUp(ctx)
+		if err == nil {
+			break
+		}
+		r.log.Warn("kvpipe/relay: cannot set up the stream and bucket; trying again", "err", err)
+		if !pace.Sleep(ctx, backoff.Next()) {
+			ru.p.Shutdown(context.Background()) // never ran: nothing to wait for
+			return context.Cause(ctx)
+		}
+	}
+	// The pipeline stops when the relay says, after its last snapshot.
+	pctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	ru.stop, ru.done = stop, make(chan error, 1)
+	go func() { ru.done <- ru.p.Run(pctx) }()
+	err := ru.loop(ctx)
+	switch {
+	case errors.Is(err, ErrStreamChanged):
+		return err
+	case errors.Is(err, errPipelineStopped):
+		stop()
+		return <-ru.done
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ShutdownTimeout)
+	defer cancel()
+	if serr := ru.snapshot(sctx); serr != nil {
+		r.log.Warn("kvpipe/relay: last snapshot not written", "err", serr)
+	}
+	ru.finish(sctx)
+	return context.Cause(ctx)
+}
+
+// finish stops ru's pipeline and waits for it: within ctx it drains, past
+// it its workers' publishes give up.
+func (ru *run) finish(ctx context.Context) {
+	sctx, cancel := context.WithTimeout(ctx, ru.r.cfg.ShutdownTimeout)
+	defer cancel()
+	if err := ru.p.Shutdown(sctx); err != nil {
+		ru.stop()
+	}
+	<-ru.done
+	ru.stop()
+	ru.resetting.Wait() // after the workers: none can start a reset now
+}
+
+var errPipelineStopped = errors.New("relay: pipeline stopped")
+
+// loop writes the snapshots until ctx ends (nil), the stream changes, or
+// the pipeline stops by itself.
+func (ru *run) loop(ctx context.Context) error {
+	t := time.NewTicker(ru.r.cfg.SnapshotEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-ru.done:
+			ru.done <- err
+			return errPipelineStopped
+		case <-t.C:
+			if err := ru.snapshot(ctx); errors.Is(err, ErrStreamChanged) {
+				return err
+			} else if err != nil && ctx.Err() == nil {
+				ru.r.log.Warn("kvpipe/relay: snapshot not written", "err", err)
+			}
+		}
+	}
+}
+
+// setUp ensures the stream and the bucket and starts the workers from the
+// bucket's snapshot, if usable.
+func (ru *run) setUp(ctx context.Context) error {
+	r := ru.r
+	stream, obs, err := Ensure(ctx, r.js, r.cfg.Settings)
+	if err != nil {
+		return err
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("relay: stream info: %w", err)
+	}
+	ru.stream, ru.store, ru.created = stream, NewObjectStore(obs, r.cfg.Settings.Object), info.Created
+	data, meta, err := ru.store.LoadMeta(ctx, nil)
+	switch {
+	case errors.Is(err, snapshot.ErrNotFound):
+		r.log.Info("kvpipe/relay: no snapshot yet: workers start from their engines")
+		return nil
+	case err != nil && !errors.Is(err, snapshot.ErrCorrupt):
+		return err // NATS trouble: try again rather than resync every worker
+	}
+	var s snapshot.Snapshot
+	if err == nil {
+		err = snapshot.Decode(data, &s)
+	}
+	if err != nil {
+		r.stats.snapshotIgnored.Add(1)
+		r.log.Error("kvpipe/relay: snapshot unusable, workers resync from their engines", "err", err)
+		return nil
+	}
+	if s.BlockSize != r.cfg.Pipeline.BlockSize {
+		r.stats.snapshotIgnored.Add(1)
+		r.log.Error("kvpipe/relay: snapshot of another block size, workers resync from their engines",
+			"snapshot", s.BlockSize, "configured", r.cfg.Pipeline.BlockSize)
+		return nil
+	}
+	// Sequences of another incarnation of the stream mean nothing in this
+	// one: the workers go on from the snapshot's state, but as having
+	// published nothing here.
+	sameStream := meta.Known && meta.StreamCreated.Equal(info.Created)
+	for i := range s.Workers {
+		if !meta.Known && s.Workers[i].StreamSeq > info.State.LastSeq {
+			sameStream = false
+		}
+	}
+	if !sameStream {
+		for i := range s.Workers {
+			s.Workers[i].StreamSeq = 0
+		}
+	}
+	if err := ru.p.Restore(&s); err != nil {
+		r.stats.snapshotIgnored.Add(1)
+		r.log.Error("kvpipe/relay: snapshot refused by the pipeline, workers resync from their engines", "err", err)
+		return nil
+	}
+	r.stats.restored.Store(uint64(len(s.Workers)))
+	for i := range s.Workers {
+		w := &s.Workers[i]
+		ps := ru.state(string(w.Name))
+		ps.last, ps.fresh = w.StreamSeq, false
+		ps.lineage = ru.lineageAt(ctx, ps, w.StreamSeq)
+		if sameStream {
+			if ps.expect, err = ru.after(ctx, ps.subject, w.StreamSeq); err != nil {
+				return err
+			}
+		}
+	}
+	r.log.Info("kvpipe/relay: workers start from the snapshot", "workers", len(s.Workers), "same_stream", sameStream)
+	return nil
+}
+
+// lineageAt reads the lineage of a restored worker from its message at seq,
+// the last it published before the snapshot, so that its replay makes the
+// ids the stream holds (and a second relay in step with this one the same
+// ones). Without that message (0, trimmed, another worker's) the worker
+// starts a lineage of its own; a replay with messages after seq in the
+// stream then parts from them and the worker is reset.
+func (ru *run) lineageAt(ctx context.Context, ps *pubState, seq uint64) lineage {
+	if seq == 0 {
+		return rand.Uint64()
+	}
+	m, err := ru.stream.GetMsg(ctx, seq)
+	if err != nil || m.Subject != ps.subject {
+		return rand.Uint64()
+	}
+	l, ok := lineageOf(m.Header.Get(jetstream.MsgIDHeader))
+	if !ok {
+		return rand.Uint64()
+	}
+	return l
+}
+
+// after lists the messages of subject after seq, oldest first.
+func (ru *run) after(ctx context.Context, subject string, seq uint64) ([]stored, error) {
+	var out []stored
+	for next := seq + 1; ; {
+		m, err := ru.stream.GetMsg(ctx, next, jetstream.WithGetMsgSubject(subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("relay: reading %s after %d: %w", subject, seq, err)
+		}
+		out = append(out, stored{id: m.Header.Get(jetstream.MsgIDHeader), seq: m.Sequence})
+		next = m.Sequence + 1
+	}
+}
+
+// state returns worker's publishing state, made on first use.
+func (ru *run) state(worker string) *pubState {
+	ru.mu.Lock()
+	defer ru.mu.Unlock()
+	ps := ru.pubs[worker]
+	if ps == nil {
+		tok := Token(worker)
+		ps = &pubState{token: tok, subject: ru.r.cfg.Settings.Prefix + "." + tok, lineage: freshLineage(tok), fresh: true}
+		ru.pubs[worker] = ps
+	}
+	return ps
+}
+
+// publish is the pipeline's Publish: it sends ops as one message and
+// returns its stream sequence once the stream acknowledged it, trying
+// again until then. One message at a time per worker keeps the stream's
+// copy of each worker's ops in order whatever the connection does: a
+// message is only sent once the one before it is stored, and a copy of it
+// still in a dead connection's buffer, or sent again, has the same id.
+func (ru *run) publish(ctx context.Context, worker string, ops []index.Op, o actor.Origin) uint64 {
+	r := ru.r
+	ps := ru.state(worker)
+	if len(ops) == 1 && ops[0].Kind == index.OpRemoveWorker {
+		defer func() {
+			ru.mu.Lock()
+			delete(ru.pubs, worker) // added again, it starts afresh
+			ru.mu.Unlock()
+		}()
+	}
+	var err error
+	if ps.msg, err = AppendMessage(ps.msg[:0], o.Partial, ops); err != nil {
+		r.stats.encodeErrors.Add(1)
+		r.log.Error("kvpipe/relay: batch not published", "worker", worker, "err", err)
+		return ps.last
+	}
+	// A fresh worker's first message clears what an earlier relay left of
+	// it (Actor.StartAfresh): the same in every relay, so it gets an id
+	// every relay gives it, and a second relay following the engine from
+	// its start shares the first one's ids from there on.
+	start := ps.fresh && !o.Batch && len(ops) == 1 && ops[0].Kind == index.OpClearWorker
+	ps.fresh = false
+	id := func(prev lineage) string {
+		switch {
+		case o.Batch:
+			ps.id, ps.lineage = appendBatchID(ps.id[:0], ps.token, o.Seq, o.Fingerprint, o.Part, prev, ps.msg)
+		case start:
+			ps.id, ps.lineage = appendStartID(ps.id[:0], ps.token, prev, ps.msg)
+		default:
+			ps.id, ps.lineage = appendOtherID(ps.id[:0], ps.token, r.nonce, r.other.Add(1), prev, ps.msg)
+		}
+		return string(ps.id)
+	}(ps.lineage)
+	removal := len(ops) == 1 && ops[0].Kind == index.OpRemoveWorker
+	switch {
+	case removal:
+		ps.expect = nil // it goes, whatever it had to make again
+	case ps.quiet:
+		return ps.last
+	case len(ps.expect) > 0:
+		// A replay after a restart: the stream has this message if the
+		// relay before made the same one, whether or not the server still
+		// remembers its id.
+		if e := ps.expect[0]; e.id == id {
+			ps.expect = ps.expect[1:]
+			ps.last = e.seq
+			r.stats.replayed.Add(1)
+			return ps.last
+		}
+		ru.part(worker, ps, "its replay differs from what the stream holds")
+		return ps.last
+	}
+	backoff := pace.Backoff{Min: r.cfg.RetryMin, Max: r.cfg.RetryMax}
+	for {
+		actx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+		ack, err := r.js.Publish(actx, ps.subject, ps.msg, jetstream.WithMsgID(id))
+		cancel()
+		if err == nil && ack.Duplicate && ack.Sequence <= ps.last && !removal {
+			// Taken for a copy of a message before the worker's last one:
+			// its messages would no longer be in order in the stream.
+			ru.part(worker, ps, "a copy of its message precedes its last one")
+			return ps.last
+		}
+		if err == nil {
+			r.stats.published.Add(1)
+			if ack.Duplicate {
+				r.stats.duplicates.Add(1)
+			}
+			ps.last = ack.Sequence
+			return ps.last
+		}
+		if ctx.Err() != nil {
+			r.stats.abandoned.Add(1)
+			return ps.last
+		}
+		r.stats.retries.Add(1)
+		r.warnf("publish failed; trying again", "worker", worker, "err", err)
+		if !pace.Sleep(ctx, backoff.Next()) {
+			r.stats.abandoned.Add(1)
+			return ps.last
+		}
+	}
+}
+
+// part handles a worker whose ops no longer follow what the stream holds
+// of it: applied after those, they would count blocks twice or miss
+// removes. The worker publishes nothing more and is reset in the stream:
+// removed (every router drops its entries) and added again, to start from
+// its engine afresh.
+func (ru *run) part(worker string, ps *pubState, why string) {
+	ps.quiet, ps.expect = true, nil
+	r := ru.r
+	r.stats.resets.Add(1)
+	r.log.Error("kvpipe/relay: worker parted from the stream; resetting it", "worker", worker, "why", why)
+	ru.resetting.Go(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ShutdownTimeout)
+		defer cancel()
+		r.mu.Lock()
+		wc, ok := r.workers[worker]
+		r.mu.Unlock()
+		if !ok || ru.p.RemoveWorker(ctx, worker) != nil {
+			return // removed meanwhile, or the pipeline is stopping
+		}
+		if err := ru.p.AddWorker(worker, wc); err != nil {
+			r.log.Error("kvpipe/relay: worker not added again", "worker", worker, "err", err)
+		}
+	})
+}
+
+// snapshot takes the pipeline's snapshot and writes it with the stream's
+// incarnation and last sequence as they were before the capture.
+func (ru *run) snapshot(ctx context.Context) error {
+	r := ru.r
+	info, err := ru.stream.Info(ctx)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		// Make it again, so that the workers' publishes go through; the
+		// next run starts from the snapshot with this stream's sequences.
+		if _, _, eerr := Ensure(ctx, r.js, r.cfg.Settings); eerr != nil {
+			r.log.Warn("kvpipe/relay: the stream is gone and cannot be made again", "err", eerr)
+		}
+		return ErrStreamChanged
+	}
+	if err != nil {
+		r.stats.snapshotErrors.Add(1)
+		return fmt.Errorf("relay: stream info: %w", err)
+	}
+	if !info.Created.Equal(ru.created) {
+		return ErrStreamChanged
+	}
+	var s snapshot.Snapshot
+	if err := ru.p.Snapshot(ctx, &s); err != nil {
+		r.stats.snapshotErrors.Add(1)
+		return fmt.Errorf("relay: taking the snapshot: %w", err)
+	}
+	if s.Version == 0 {
+		s.Version = snapshot.Version
+	}
+	if s.BlockSize == 0 {
+		s.BlockSize = r.cfg.Pipeline.BlockSize
+	}
+	if s.Created == 0 {
+		s.Created = time.Now().UnixNano()
+	}
+	data, err := snapshot.Append(nil, &s)
+	if err != nil {
+		r.stats.snapshotErrors.Add(1)
+		return fmt.Errorf("relay: encoding the snapshot: %w", err)
+	}
+	if err := ru.store.SaveMeta(ctx, data, SnapshotMeta{Known: true, StreamCreated: info.Created, StreamLast: info.State.LastSeq}); err != nil {
+		r.stats.snapshotErrors.Add(1)
+		return err
+	}
+	r.stats.snapshots.Add(1)
+	r.stats.snapshotBytes.Store(uint64(len(data)))
+	return nil
+}
+
+func (r *Relay) warnf(msg string, args ...any) {
+	r.warnMu.Lock()
+	n, ok := r.warn.Allow(time.Now())
+	r.warnMu.Unlock()
+	if ok {
+		if n > 0 {
+			args = append(args, "suppressed", n)
+		}
+		r.log.Warn("kvpipe/relay: "+msg, args...)
+	}
+}
