@@ -404,20 +404,10 @@ func TestRestoredWorkerWaitsForItsProof(t *testing.T) {
 // A Snapshot that the pipeline's shutdown overtakes fails rather than
 // returning a snapshot without the workers it stopped.
 func TestSnapshotDuringShutdownFails(t *testing.T) {
-	e := newEngine(t)
-	p, err := New(Config{BlockSize: 16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := held{entered: make(chan struct{}, 1), release: make(chan struct{})}
-	p.wrap = func(inner wire.Handler) wire.Handler { h.Handler = inner; return h }
-	if err := p.AddWorker("w", WorkerConfig{Endpoint: e.ep, ReplayEndpoint: e.replay}); err != nil {
-		t.Fatal(err)
-	}
+	p, e, h := heldPipeline(t)
 	done := make(chan error, 1)
 	go func() { done <- p.Run(context.Background()) }()
-	eventually(t, "a batch held in the handler", func() { e.parent = 0; e.store(prompt(1, 1), 16) },
-		func() bool { return len(h.entered) == 1 })
+	holdABatch(t, e, h)
 	snapped := make(chan error, 1)
 	go func() {
 		var s snapshot.Snapshot
@@ -440,19 +430,9 @@ func TestSnapshotDuringShutdownFails(t *testing.T) {
 // (and published) behind its last ops: the stream would otherwise remove
 // the new worker.
 func TestNameBeingRemovedIsNotTaken(t *testing.T) {
-	e := newEngine(t)
-	p, err := New(Config{BlockSize: 16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := held{entered: make(chan struct{}, 1), release: make(chan struct{})}
-	p.wrap = func(inner wire.Handler) wire.Handler { h.Handler = inner; return h }
-	if err := p.AddWorker("w", WorkerConfig{Endpoint: e.ep, ReplayEndpoint: e.replay}); err != nil {
-		t.Fatal(err)
-	}
+	p, e, h := heldPipeline(t)
 	runUntilCleanup(t, p)
-	eventually(t, "a batch held in the handler", func() { e.parent = 0; e.store(prompt(1, 1), 16) },
-		func() bool { return len(h.entered) == 1 })
+	holdABatch(t, e, h)
 	expired, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := p.RemoveWorker(expired, "w"); !errors.Is(err, context.Canceled) {
@@ -501,4 +481,28 @@ func TestRestoreCopiesTheSnapshot(t *testing.T) {
 	if len(got.Workers) != 1 || string(got.Workers[0].Name) != "a" || got.Workers[0].Keys[0] != 2 {
 		t.Errorf("snapshot after the caller changed its copy: %+v, want worker a with key 2, not yet added, kept", got.Workers)
 	}
+}
+
+// heldPipeline is a pipeline, not yet run, whose worker "w" holds its first
+// batch in the handler until h.release is closed.
+func heldPipeline(t *testing.T) (*Pipeline, *engine, held) {
+	t.Helper()
+	e := newEngine(t)
+	p, err := New(Config{BlockSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := held{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	p.wrap = func(inner wire.Handler) wire.Handler { h.Handler = inner; return h }
+	if err := p.AddWorker("w", WorkerConfig{Endpoint: e.ep, ReplayEndpoint: e.replay}); err != nil {
+		t.Fatal(err)
+	}
+	return p, e, h
+}
+
+// holdABatch publishes until the worker is held in its handler.
+func holdABatch(t *testing.T, e *engine, h held) {
+	t.Helper()
+	eventually(t, "a batch held in the handler", func() { e.parent = 0; e.store(prompt(1, 1), 16) },
+		func() bool { return len(h.entered) == 1 })
 }

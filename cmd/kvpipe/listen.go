@@ -31,6 +31,27 @@ func splitNamed(v string, i int) (name, url string) {
 	return fmt.Sprintf("w%d", i), v
 }
 
+// namedWorker is one --endpoint, with its name and the --replay of that name.
+type namedWorker struct {
+	name string
+	wc   supervisor.WorkerConfig
+}
+
+// workerConfigs pairs each --endpoint with the --replay of the same name.
+func workerConfigs(eps, replays []string, topic string) []namedWorker {
+	replayOf := map[string]string{}
+	for i, r := range replays {
+		name, url := splitNamed(r, i)
+		replayOf[name] = url
+	}
+	out := make([]namedWorker, 0, len(eps))
+	for i, e := range eps {
+		name, url := splitNamed(e, i)
+		out = append(out, namedWorker{name, supervisor.WorkerConfig{Endpoint: url, ReplayEndpoint: replayOf[name], Topic: topic}})
+	}
+	return out
+}
+
 func listenCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("listen", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -65,15 +86,9 @@ func listenCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintln(stderr, "kvpipe listen:", err)
 		return 2
 	}
-	replayOf := map[string]string{}
-	for i, r := range replays {
-		name, url := splitNamed(r, i)
-		replayOf[name] = url
-	}
-	for i, e := range eps {
-		name, url := splitNamed(e, i)
-		obs.decoders[name] = codec.NewDecoder()
-		if err := p.AddWorker(name, supervisor.WorkerConfig{Endpoint: url, ReplayEndpoint: replayOf[name], Topic: *topic}); err != nil {
+	for _, w := range workerConfigs(eps, replays, *topic) {
+		obs.decoders[w.name] = codec.NewDecoder()
+		if err := p.AddWorker(w.name, w.wc); err != nil {
 			fmt.Fprintln(stderr, "kvpipe listen:", err)
 			return 2
 		}

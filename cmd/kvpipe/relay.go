@@ -71,14 +71,8 @@ func relayCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintln(stderr, "kvpipe relay:", err)
 		return 2
 	}
-	replayOf := map[string]string{}
-	for i, rp := range replays {
-		name, url := splitNamed(rp, i)
-		replayOf[name] = url
-	}
-	for i, e := range eps {
-		name, url := splitNamed(e, i)
-		if err := r.AddWorker(name, supervisor.WorkerConfig{Endpoint: url, ReplayEndpoint: replayOf[name], Topic: *topic}); err != nil {
+	for _, w := range workerConfigs(eps, replays, *topic) {
+		if err := r.AddWorker(w.name, w.wc); err != nil {
 			fmt.Fprintln(stderr, "kvpipe relay:", err)
 			return 2
 		}
