@@ -44,21 +44,26 @@ func BenchmarkDecodeMessage(b *testing.B) {
 }
 
 // BenchmarkPublish publishes batches of 32 ops through the relay's Publish
-// (synchronous, one acknowledged message at a time per worker) to the
+// (up to MaxInFlight unacknowledged per worker, then waiting) to the
 // embedded server on loopback, with a router following the stream: batches
 // and ops per second published, and the lag from a batch's Publish call to
-// the router handing it to its index, p50 and p99.
+// the router handing it to its index, p50 and p99. window=1 is the relay on
+// a connection with a reconnect buffer: one message at a time.
 func BenchmarkPublish(b *testing.B) {
-	for _, workers := range []int{1, 4} {
-		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) { benchPublish(b, workers) })
+	for _, window := range []int{1, 128} {
+		for _, workers := range []int{1, 4} {
+			b.Run(fmt.Sprintf("window=%d/workers=%d", window, workers), func(b *testing.B) { benchPublish(b, window, workers) })
+		}
 	}
 }
 
-func benchPublish(b *testing.B, workers int) {
+func benchPublish(b *testing.B, window, workers int) {
 	_, js := startServer(b)
 	s := testSettings()
 	s.MaxBytes = 256 << 20
-	r, err := New(js, relayConfig(s))
+	cfg := relayConfig(s)
+	cfg.MaxInFlight = window
+	r, err := New(js, cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -67,18 +72,24 @@ func benchPublish(b *testing.B, workers int) {
 	if err := ru.setUp(ctx); err != nil {
 		b.Fatal(err)
 	}
+	defer ru.endSettling(ctx)
 	defer ru.p.Shutdown(ctx)
 
 	var mu sync.Mutex
-	sent, applied := map[uint64]time.Time{}, map[uint64]time.Time{} // by stream seq
+	// The n-th message a worker publishes is its n-th in the stream.
+	sent, applied := make([][]time.Time, workers), make([][]time.Time, workers)
 	f, err := NewFollower(js, FollowerConfig{Settings: s})
 	if err != nil {
 		b.Fatal(err)
 	}
-	f.applied = func(seq uint64) {
+	total := 0
+	f.applied = func(_ uint64, worker string) {
 		now := time.Now()
+		var w int
+		fmt.Sscanf(worker, "w%d", &w)
 		mu.Lock()
-		applied[seq] = now
+		applied[w] = append(applied[w], now)
+		total++
 		mu.Unlock()
 	}
 	p, err := supervisor.New(supervisor.Config{BlockSize: bs, Source: f})
@@ -91,19 +102,19 @@ func benchPublish(b *testing.B, workers int) {
 
 	ops := benchOps(32)
 	per := max(b.N/workers, 1)
-	total := per * workers
 	b.ResetTimer()
 	start := time.Now()
 	var wg sync.WaitGroup
 	for w := range workers {
+		sent[w] = make([]time.Time, 0, per)
 		wg.Go(func() {
 			name := fmt.Sprintf("w%d", w)
 			for i := range per {
-				t0 := time.Now()
-				seq := ru.publish(ctx, name, ops, actor.Origin{Batch: true, Seq: uint64(i), Fingerprint: uint64(i)})
-				mu.Lock()
-				sent[seq] = t0
-				mu.Unlock()
+				sent[w] = append(sent[w], time.Now())
+				ru.publish(ctx, name, ops, actor.Origin{Batch: true, Seq: uint64(i), Fingerprint: uint64(i)})
+			}
+			if _, err := ru.flush(ctx, name); err != nil {
+				b.Error(err)
 			}
 		})
 	}
@@ -111,23 +122,28 @@ func benchPublish(b *testing.B, workers int) {
 	elapsed := time.Since(start)
 	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(time.Millisecond) {
 		mu.Lock()
-		n := len(applied)
+		n := total
 		mu.Unlock()
-		if n >= total {
+		if n >= per*workers {
 			break
 		}
 		if time.Now().After(deadline) {
-			b.Fatalf("the router applied %d of %d batches", n, total)
+			b.Fatalf("the router applied %d of %d batches", n, per*workers)
 		}
 	}
 	b.StopTimer()
-	b.ReportMetric(float64(total)/elapsed.Seconds(), "batches/s")
-	b.ReportMetric(float64(total*len(ops))/elapsed.Seconds(), "ops/s")
+	if st := r.Stats(); st.Published != uint64(per*workers) || st.Resets != 0 {
+		b.Fatalf("relay %+v: want %d published, no reset", st, per*workers)
+	}
+	b.ReportMetric(float64(per*workers)/elapsed.Seconds(), "batches/s")
+	b.ReportMetric(float64(per*workers*len(ops))/elapsed.Seconds(), "ops/s")
 	mu.Lock()
 	defer mu.Unlock()
-	lags := make([]time.Duration, 0, total)
-	for seq, t0 := range sent {
-		lags = append(lags, applied[seq].Sub(t0))
+	lags := make([]time.Duration, 0, per*workers)
+	for w := range workers {
+		for i, t0 := range sent[w] {
+			lags = append(lags, applied[w][i].Sub(t0))
+		}
 	}
 	slices.Sort(lags)
 	b.ReportMetric(float64(lags[len(lags)/2].Microseconds()), "p50-lag-µs")

@@ -7,20 +7,47 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvpipe/kvpipe/internal/natstest"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
 // NATS stops in the middle of the stream and comes back on the same store:
-// the relay's workers retry until their publishes go through, none lost;
-// the router's consumer resumes after the last message it applied, and
-// applies every message of the stream exactly once.
+// the relay's workers retry until their publishes go through, none lost
+// and none out of order (no reset); the router's consumer resumes after the
+// last message it applied, and applies every message of the stream exactly
+// once. Both ways of connecting: without a reconnect buffer (many messages
+// in flight) and with one (one at a time).
 func TestNATSRestartMidStream(t *testing.T) {
 	t.Parallel()
-	srv, js := startServer(t)
+	for _, c := range []struct {
+		name   string
+		opts   []nats.Option
+		window int
+	}{
+		{"no reconnect buffer", []nats.Option{nats.ReconnectBufSize(-1)}, 128},
+		{"reconnect buffer", nil, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			srv := natstest.Start(t)
+			js, err := jetstream.New(srv.Connect(t, c.opts...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			natsRestartMidStream(t, srv, js, c.window)
+		})
+	}
+}
+
+func natsRestartMidStream(t *testing.T, srv *natstest.Server, js jetstream.JetStream, window int) {
 	s := testSettings()
 	a, b := newEngine(t, "a"), newEngine(t, "b")
 	reqs := trace(600, 2)
 	rr := startRelay(t, js, relayConfig(s), a, b)
+	if rr.window != window {
+		t.Fatalf("relay keeps %d messages in flight, want %d", rr.window, window)
+	}
 	r := startRouter(t, js, s)
 	a.serve(reqs[:100])
 	b.serve(reqs[100:200])
@@ -51,7 +78,7 @@ func TestNATSRestartMidStream(t *testing.T) {
 	// Each publish is a message of its own here (nothing is replayed): a
 	// duplicate can only be a retry of one the server stored but could
 	// not acknowledge before it stopped.
-	if st.Abandoned != 0 || ss.Msgs != st.Published || st.Duplicates > st.Retries || ss.FirstSeq != 1 || ss.Msgs != ss.LastSeq {
+	if st.Abandoned != 0 || st.Resets != 0 || ss.Msgs != st.Published || st.Duplicates > st.Retries || ss.FirstSeq != 1 || ss.Msgs != ss.LastSeq {
 		t.Errorf("relay %+v, stream %+v: want nothing abandoned and every publish stored once", st, ss)
 	}
 	if fs.Applied != ss.Msgs || fs.Gaps != 0 || fs.BadMessages != 0 {
@@ -62,17 +89,21 @@ func TestNATSRestartMidStream(t *testing.T) {
 // takeSnapshot copies the bytes and metadata of the bucket's snapshot.
 func takeSnapshot(t *testing.T, js jetstream.JetStream, s Settings) ([]byte, SnapshotMeta) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	obs, err := js.ObjectStore(ctx, s.Bucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, meta, err := NewObjectStore(obs, s.Object).LoadMeta(ctx, nil)
+	data, meta, err := loadSnapshot(js, s)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return data, meta
+}
+
+func loadSnapshot(js jetstream.JetStream, s Settings) ([]byte, SnapshotMeta, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	obs, err := js.ObjectStore(ctx, s.Bucket)
+	if err != nil {
+		return nil, SnapshotMeta{}, err
+	}
+	return NewObjectStore(obs, s.Object).LoadMeta(ctx, nil)
 }
 
 // putSnapshot puts data and meta back as the bucket's snapshot.
@@ -419,7 +450,12 @@ func TestStreamDeletedUnderARunningRelay(t *testing.T) {
 	a.serve(reqs[250:])
 	relayed(t, rr, a)
 	eventually(t, "a snapshot of the new stream", func() error {
-		_, meta := takeSnapshot(t, js, s)
+		// Read while the relay writes one every 50ms: a read overtaken by
+		// a write fails, and is tried again.
+		_, meta, err := loadSnapshot(js, s)
+		if err != nil {
+			return err
+		}
 		info, err := js.Stream(ctx, s.Stream)
 		if err != nil {
 			return err

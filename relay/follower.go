@@ -53,9 +53,9 @@ type Follower struct {
 	ops      []index.Op
 	warn     pace.Limiter
 	lastSeen uint64 // the stream sequence of the last message handled in this run
-	// applied, when set (benchmarks), sees each message's sequence once
-	// it is handed to the pipeline.
-	applied func(seq uint64)
+	// applied, when set (benchmarks), sees each message's sequence and
+	// worker once it is handed to the pipeline.
+	applied func(seq uint64, worker string)
 }
 
 // FollowerStats are a follower's counters.
@@ -277,7 +277,7 @@ func (f *Follower) handle(ctx context.Context, feed *supervisor.Feed, workers ma
 	}
 	f.stats.applied.Add(1)
 	if f.applied != nil {
-		f.applied(seq)
+		f.applied(seq, w.name)
 	}
 	if removed {
 		// Gone on the relay; added again, it starts from nothing there

@@ -17,6 +17,7 @@ import (
 	"github.com/kvpipe/kvpipe/supervisor"
 	"github.com/kvpipe/kvpipe/wire"
 	"github.com/kvpipe/kvpipe/wire/wiretest"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -98,7 +99,9 @@ func trace(n int, seed uint64) []sim.Request { return sim.SyntheticTrace(n, seed
 func startServer(t testing.TB) (*natstest.Server, jetstream.JetStream) {
 	t.Helper()
 	srv := natstest.Start(t)
-	js, err := jetstream.New(srv.Connect(t))
+	// The relay's recommended connection: no reconnect buffer, so that it
+	// keeps many messages in flight.
+	js, err := jetstream.New(srv.Connect(t, nats.ReconnectBufSize(-1)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -362,7 +365,22 @@ func relayed(t testing.TB, rr *running, engines ...*engine) {
 		if err := p.Sync(context.Background()); err != nil {
 			return err
 		}
-		return exact(p, engines...)
+		if err := exact(p, engines...); err != nil {
+			return err
+		}
+		// And the stream has all of it. The engines are idle: nothing is
+		// published beside these flushes.
+		rr.mu.Lock()
+		ru := rr.cur
+		rr.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for _, e := range engines {
+			if _, err := ru.flush(ctx, e.name); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 }
 

@@ -10,8 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvpipe/kvpipe/actor"
-	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/pace"
 	"github.com/kvpipe/kvpipe/snapshot"
 	"github.com/kvpipe/kvpipe/supervisor"
@@ -31,9 +29,16 @@ type Config struct {
 	SnapshotEvery time.Duration
 	// PublishTimeout bounds one publish attempt (default 2s); a publish is
 	// tried again, with a backoff from RetryMin to RetryMax (defaults 50ms
-	// and 2s), until it is acknowledged or the worker stops.
+	// and 2s), until it is acknowledged or the relay stops.
 	PublishTimeout     time.Duration
 	RetryMin, RetryMax time.Duration
+	// MaxInFlight bounds each worker's messages sent and not acknowledged
+	// yet (default 128); a worker waits while it has that many. On a
+	// connection that buffers while it reconnects (nats.ReconnectBufSize
+	// not -1) it is 1: such a buffer sends what it holds after the relay's
+	// own retries, and the stream would hold a worker's messages out of
+	// order. Connect with nats.ReconnectBufSize(-1) to keep many in flight.
+	MaxInFlight int
 	// ShutdownTimeout bounds the last snapshot and the pipeline's drain
 	// once Run's context ends (default 10s).
 	ShutdownTimeout time.Duration
@@ -47,17 +52,19 @@ var ErrStreamChanged = errors.New("relay: the stream was deleted or made again u
 
 // Relay subscribes to engines through a supervisor.Pipeline and publishes
 // each worker's normalised index ops to the stream, one message per batch
-// of ops, each acknowledged before the worker goes on; every SnapshotEvery
+// of ops, up to MaxInFlight of them unacknowledged; every SnapshotEvery
 // it writes the pipeline's snapshot, with the stream sequence each worker
 // reached, to the object store. New starts nothing; Run owns every
 // goroutine until it returns. A Relay runs once.
 type Relay struct {
-	js    jetstream.JetStream
-	cfg   Config
-	log   *slog.Logger
-	nonce uint64 // this relay process's, in the ids of ops made of no engine batch
-	other atomic.Uint64
-	stats counters
+	js     jetstream.JetStream
+	pub    jetstream.JetStream // js's connection, for the workers' publishes: its own acknowledgement timeout
+	window int                 // MaxInFlight, as the connection allows
+	cfg    Config
+	log    *slog.Logger
+	nonce  uint64 // this relay process's, in the ids of ops made of no engine batch
+	other  atomic.Uint64
+	stats  counters
 
 	mu      sync.Mutex
 	workers map[string]supervisor.WorkerConfig
@@ -123,6 +130,13 @@ func New(js jetstream.JetStream, cfg Config) (*Relay, error) {
 		return nil, errors.New("relay: Pipeline.Backpressure must be Block")
 	case cfg.SnapshotEvery < 0 || cfg.PublishTimeout < 0 || cfg.ShutdownTimeout < 0:
 		return nil, errors.New("relay: durations must not be negative")
+	case cfg.MaxInFlight < 0:
+		return nil, errors.New("relay: MaxInFlight must not be negative")
+	case js.Conn() == nil:
+		return nil, errors.New("relay: the JetStream context has no connection")
+	}
+	if cfg.MaxInFlight == 0 {
+		cfg.MaxInFlight = 128
 	}
 	if cfg.SnapshotEvery == 0 {
 		cfg.SnapshotEvery = 15 * time.Second
@@ -148,8 +162,21 @@ func New(js jetstream.JetStream, cfg Config) (*Relay, error) {
 	if cfg.Pipeline.Logger == nil {
 		cfg.Pipeline.Logger = cfg.Logger
 	}
-	r := &Relay{js: js, cfg: cfg, log: cfg.Logger, nonce: rand.Uint64(), workers: map[string]supervisor.WorkerConfig{},
-		warn: pace.Limiter{Every: time.Second}}
+	window := cfg.MaxInFlight
+	if window > 1 && js.Conn().Opts.ReconnectBufSize != -1 {
+		window = 1
+		cfg.Logger.Warn("kvpipe/relay: the NATS connection buffers while it reconnects: one message in flight per worker; connect with nats.ReconnectBufSize(-1) for MaxInFlight",
+			"max_in_flight", cfg.MaxInFlight)
+	}
+	// Async publishes time out, or a lost acknowledgement would hold its
+	// worker's window; the relay bounds each worker's, not the total.
+	pub, err := jetstream.New(js.Conn(), jetstream.WithPublishAsyncTimeout(cfg.PublishTimeout),
+		jetstream.WithPublishAsyncMaxPending(1<<30))
+	if err != nil {
+		return nil, err
+	}
+	r := &Relay{js: js, pub: pub, window: window, cfg: cfg, log: cfg.Logger, nonce: rand.Uint64(),
+		workers: map[string]supervisor.WorkerConfig{}, warn: pace.Limiter{Every: time.Second}}
 	// The first pipeline is made now so that AddWorker checks each
 	// worker's config at once, as a Pipeline's does.
 	if r.cur, err = r.newRun(); err != nil {
@@ -171,37 +198,20 @@ type run struct {
 	done    chan error // the pipeline's Run result
 	// resetting: workers being reset (part); done before the pipeline stops.
 	resetting sync.WaitGroup
+	// The workers' settlers (publish.go) run until settleCtx ends.
+	settlers     sync.WaitGroup
+	settleCtx    context.Context
+	stopSettling context.CancelFunc
 
 	mu   sync.Mutex
 	pubs map[string]*pubState
 }
 
-// pubState is one worker's publishing state, used by the goroutine calling
-// Publish for it (the worker's, then the one that removes it).
-type pubState struct {
-	subject, token string
-	lineage        lineage
-	last           uint64 // the stream sequence of its last acknowledged message
-	fresh          bool   // started from nothing, nothing published yet
-	// expect: the ids and sequences of the messages the stream holds for
-	// the worker after its snapshot, which its replay must make again
-	// (restored workers only); quiet: it parted from the stream and is
-	// being reset, so it publishes nothing until then.
-	expect  []stored
-	quiet   bool
-	msg, id []byte
-}
-
-// stored is one message the stream holds.
-type stored struct {
-	id  string
-	seq uint64
-}
-
 func (r *Relay) newRun() (*run, error) {
 	ru := &run{r: r, pubs: map[string]*pubState{}}
+	ru.settleCtx, ru.stopSettling = context.WithCancel(context.Background())
 	pc := r.cfg.Pipeline
-	pc.Publish = ru.publish
+	pc.Publish, pc.Flush = ru.publish, ru.flush
 	p, err := supervisor.New(pc)
 	if err != nil {
 		return nil, err
@@ -295,12 +305,15 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.cur = next
 		}
 		r.mu.Unlock()
+		// What the old pipeline still sends belongs to the old stream.
+		ru.stopSettling()
 		ru.finish(context.WithoutCancel(ctx))
 		if err != nil {
 			return err
 		}
 		if ctx.Err() != nil {
 			next.p.Shutdown(ctx) // never ran
+			next.endSettling(ctx)
 			return context.Cause(ctx)
 		}
 		ru = next
@@ -321,6 +334,7 @@ func (ru *run) run(ctx context.Context) error {
 		r.log.Warn("kvpipe/relay: cannot set up the stream and bucket; trying again", "err", err)
 		if !pace.Sleep(ctx, backoff.Next()) {
 			ru.p.Shutdown(context.Background()) // never ran: nothing to wait for
+			ru.endSettling(ctx)
 			return context.Cause(ctx)
 		}
 	}
@@ -334,7 +348,12 @@ func (ru *run) run(ctx context.Context) error {
 		return err
 	case errors.Is(err, errPipelineStopped):
 		stop()
-		return <-ru.done
+		err := <-ru.done
+		ru.resetting.Wait()
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ShutdownTimeout)
+		defer cancel()
+		ru.endSettling(sctx)
+		return err
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ShutdownTimeout)
 	defer cancel()
@@ -356,6 +375,23 @@ func (ru *run) finish(ctx context.Context) {
 	<-ru.done
 	ru.stop()
 	ru.resetting.Wait() // after the workers: none can start a reset now
+	ru.endSettling(sctx)
+}
+
+// endSettling lets the workers' last messages be acknowledged, while ctx
+// lasts, then stops their settlers and waits for them.
+func (ru *run) endSettling(ctx context.Context) {
+	ru.mu.Lock()
+	list := make([]*pubState, 0, len(ru.pubs))
+	for _, ps := range ru.pubs {
+		list = append(list, ps)
+	}
+	ru.mu.Unlock()
+	for _, ps := range list {
+		ru.flushState(ctx, ps)
+	}
+	ru.stopSettling()
+	ru.settlers.Wait()
 }
 
 var errPipelineStopped = errors.New("relay: pipeline stopped")
@@ -441,7 +477,8 @@ func (ru *run) setUp(ctx context.Context) error {
 	for i := range s.Workers {
 		w := &s.Workers[i]
 		ps := ru.state(string(w.Name))
-		ps.last, ps.fresh = w.StreamSeq, false
+		ps.fresh = false
+		ps.last.Store(w.StreamSeq)
 		ps.lineage = ru.lineageAt(ctx, ps, w.StreamSeq)
 		if sameStream {
 			if ps.expect, err = ru.after(ctx, ps.subject, w.StreamSeq); err != nil {
@@ -488,134 +525,6 @@ func (ru *run) after(ctx context.Context, subject string, seq uint64) ([]stored,
 		out = append(out, stored{id: m.Header.Get(jetstream.MsgIDHeader), seq: m.Sequence})
 		next = m.Sequence + 1
 	}
-}
-
-// state returns worker's publishing state, made on first use.
-func (ru *run) state(worker string) *pubState {
-	ru.mu.Lock()
-	defer ru.mu.Unlock()
-	ps := ru.pubs[worker]
-	if ps == nil {
-		tok := Token(worker)
-		ps = &pubState{token: tok, subject: ru.r.cfg.Settings.Prefix + "." + tok, lineage: freshLineage(tok), fresh: true}
-		ru.pubs[worker] = ps
-	}
-	return ps
-}
-
-// publish is the pipeline's Publish: it sends ops as one message and
-// returns its stream sequence once the stream acknowledged it, trying
-// again until then. One message at a time per worker keeps the stream's
-// copy of each worker's ops in order whatever the connection does: a
-// message is only sent once the one before it is stored, and a copy of it
-// still in a dead connection's buffer, or sent again, has the same id.
-func (ru *run) publish(ctx context.Context, worker string, ops []index.Op, o actor.Origin) uint64 {
-	r := ru.r
-	ps := ru.state(worker)
-	if len(ops) == 1 && ops[0].Kind == index.OpRemoveWorker {
-		defer func() {
-			ru.mu.Lock()
-			delete(ru.pubs, worker) // added again, it starts afresh
-			ru.mu.Unlock()
-		}()
-	}
-	var err error
-	if ps.msg, err = AppendMessage(ps.msg[:0], o.Partial, ops); err != nil {
-		r.stats.encodeErrors.Add(1)
-		r.log.Error("kvpipe/relay: batch not published", "worker", worker, "err", err)
-		return ps.last
-	}
-	// A fresh worker's first message clears what an earlier relay left of
-	// it (Actor.StartAfresh): the same in every relay, so it gets an id
-	// every relay gives it, and a second relay following the engine from
-	// its start shares the first one's ids from there on.
-	start := ps.fresh && !o.Batch && len(ops) == 1 && ops[0].Kind == index.OpClearWorker
-	ps.fresh = false
-	id := func(prev lineage) string {
-		switch {
-		case o.Batch:
-			ps.id, ps.lineage = appendBatchID(ps.id[:0], ps.token, o.Seq, o.Fingerprint, o.Part, prev, ps.msg)
-		case start:
-			ps.id, ps.lineage = appendStartID(ps.id[:0], ps.token, prev, ps.msg)
-		default:
-			ps.id, ps.lineage = appendOtherID(ps.id[:0], ps.token, r.nonce, r.other.Add(1), prev, ps.msg)
-		}
-		return string(ps.id)
-	}(ps.lineage)
-	removal := len(ops) == 1 && ops[0].Kind == index.OpRemoveWorker
-	switch {
-	case removal:
-		ps.expect = nil // it goes, whatever it had to make again
-	case ps.quiet:
-		return ps.last
-	case len(ps.expect) > 0:
-		// A replay after a restart: the stream has this message if the
-		// relay before made the same one, whether or not the server still
-		// remembers its id.
-		if e := ps.expect[0]; e.id == id {
-			ps.expect = ps.expect[1:]
-			ps.last = e.seq
-			r.stats.replayed.Add(1)
-			return ps.last
-		}
-		ru.part(worker, ps, "its replay differs from what the stream holds")
-		return ps.last
-	}
-	backoff := pace.Backoff{Min: r.cfg.RetryMin, Max: r.cfg.RetryMax}
-	for {
-		actx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
-		ack, err := r.js.Publish(actx, ps.subject, ps.msg, jetstream.WithMsgID(id))
-		cancel()
-		if err == nil && ack.Duplicate && ack.Sequence <= ps.last && !removal {
-			// Taken for a copy of a message before the worker's last one:
-			// its messages would no longer be in order in the stream.
-			ru.part(worker, ps, "a copy of its message precedes its last one")
-			return ps.last
-		}
-		if err == nil {
-			r.stats.published.Add(1)
-			if ack.Duplicate {
-				r.stats.duplicates.Add(1)
-			}
-			ps.last = ack.Sequence
-			return ps.last
-		}
-		if ctx.Err() != nil {
-			r.stats.abandoned.Add(1)
-			return ps.last
-		}
-		r.stats.retries.Add(1)
-		r.warnf("publish failed; trying again", "worker", worker, "err", err)
-		if !pace.Sleep(ctx, backoff.Next()) {
-			r.stats.abandoned.Add(1)
-			return ps.last
-		}
-	}
-}
-
-// part handles a worker whose ops no longer follow what the stream holds
-// of it: applied after those, they would count blocks twice or miss
-// removes. The worker publishes nothing more and is reset in the stream:
-// removed (every router drops its entries) and added again, to start from
-// its engine afresh.
-func (ru *run) part(worker string, ps *pubState, why string) {
-	ps.quiet, ps.expect = true, nil
-	r := ru.r
-	r.stats.resets.Add(1)
-	r.log.Error("kvpipe/relay: worker parted from the stream; resetting it", "worker", worker, "why", why)
-	ru.resetting.Go(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ShutdownTimeout)
-		defer cancel()
-		r.mu.Lock()
-		wc, ok := r.workers[worker]
-		r.mu.Unlock()
-		if !ok || ru.p.RemoveWorker(ctx, worker) != nil {
-			return // removed meanwhile, or the pipeline is stopping
-		}
-		if err := ru.p.AddWorker(worker, wc); err != nil {
-			r.log.Error("kvpipe/relay: worker not added again", "worker", worker, "err", err)
-		}
-	})
 }
 
 // snapshot takes the pipeline's snapshot and writes it with the stream's

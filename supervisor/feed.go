@@ -248,14 +248,25 @@ func (p *Pipeline) Snapshot(ctx context.Context, dst *snapshot.Snapshot) error {
 			defer cancel()
 			defer context.AfterFunc(w.ctx, cancel)() // removed meanwhile: leave it out
 			ws := &dst.Workers[i]
+			var flushErr error
 			err := w.sub.Checkpoint(wctx, func(pos wire.Position) {
 				w.actor.Load().Export(ws)
 				ws.Name = append(ws.Name[:0], w.name...)
 				ws.HasSeq, ws.Seq, ws.Fingerprint = pos.Known, pos.Seq, pos.Fingerprint
+				if p.cfg.Flush != nil {
+					// Nothing is published while this runs: what Flush
+					// returns covers exactly the state just captured.
+					if ws.StreamSeq, flushErr = p.cfg.Flush(wctx, w.name); flushErr != nil {
+						return
+					}
+				}
 				taken[i] = true
 			})
 			if ctx.Err() != nil {
 				errs[i] = err
+			}
+			if flushErr != nil && w.ctx.Err() == nil {
+				errs[i] = fmt.Errorf("worker %q: %w", w.name, flushErr)
 			}
 		})
 	}

@@ -58,6 +58,13 @@ type Config struct {
 	// stops. A removed worker's last call has the one op OpRemoveWorker.
 	// It needs Backpressure Block.
 	Publish func(ctx context.Context, worker string, ops []index.Op, o actor.Origin) uint64
+	// Flush, when set with Publish, lets a Publish that returns before its
+	// ops are stored (a relay keeps many in flight) give a snapshot the
+	// position it covers: Snapshot calls it in the worker's goroutine, once
+	// the worker's state is captured, and keeps what it returns instead of
+	// Publish's last result. It waits until every batch given to Publish is
+	// stored; an error fails the snapshot.
+	Flush func(ctx context.Context, worker string) (uint64, error)
 	// Source, when set, feeds the index with ops normalised elsewhere
 	// (relay.Follower); Run runs it beside the workers.
 	Source Source
@@ -197,6 +204,8 @@ func New(cfg Config) (*Pipeline, error) {
 		// A batch published and then dropped here would resync the worker,
 		// and that resync would clear it in the stream too.
 		return nil, errors.New("kvpipe: Publish needs Backpressure Block")
+	case cfg.Flush != nil && cfg.Publish == nil:
+		return nil, errors.New("kvpipe: Flush needs Publish")
 	}
 	if cfg.TierWeights == (index.Weights{}) {
 		cfg.TierWeights = index.DefaultWeights
