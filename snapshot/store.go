@@ -28,7 +28,15 @@ var ErrNotFound = errors.New("snapshot: not found")
 // the new one there, never a part; a crash can leave the temporary file
 // (Path's name with ".tmp" and a random suffix) behind. The file is private
 // to its owner (mode 0600).
-type File struct{ Path string }
+type File struct {
+	Path string
+	// MaxSize bounds the file Load reads (default DefaultMaxSize): a wrong
+	// path must fail with an error, not take the process's memory.
+	MaxSize int64
+}
+
+// DefaultMaxSize is File's MaxSize when unset: some 600 M blocks.
+const DefaultMaxSize = 16 << 30
 
 var _ Store = File{}
 
@@ -108,9 +116,13 @@ func (f File) Load(ctx context.Context, dst []byte) ([]byte, error) {
 	if !info.Mode().IsRegular() {
 		return dst, fmt.Errorf("snapshot: load: %s is not a regular file", f.Path)
 	}
+	limit := f.MaxSize
+	if limit <= 0 {
+		limit = DefaultMaxSize
+	}
 	size := int(info.Size())
-	if int64(size) != info.Size() || size < 0 {
-		return dst, fmt.Errorf("snapshot: load: %s: size %d too large", f.Path, info.Size())
+	if int64(size) != info.Size() || size < 0 || info.Size() > limit {
+		return dst, fmt.Errorf("%w: %s: %d bytes, more than the %d a snapshot may have", ErrCorrupt, f.Path, info.Size(), limit)
 	}
 	start := len(dst)
 	dst = slices.Grow(dst, size)[:start+size]

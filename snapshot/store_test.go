@@ -71,6 +71,24 @@ func TestFileLoadReusesDst(t *testing.T) {
 	}
 }
 
+// A file past MaxSize is refused before anything is read or allocated;
+// one at the limit loads.
+func TestFileLoadRefusesAnOversizeFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s")
+	data := bytes.Repeat([]byte("x"), 4096)
+	if err := (File{Path: path}).Save(context.Background(), data); err != nil {
+		t.Fatal(err)
+	}
+	dst := []byte("kept")
+	got, err := File{Path: path, MaxSize: 4095}.Load(context.Background(), dst)
+	if !errors.Is(err, ErrCorrupt) || string(got) != "kept" || cap(got) != cap(dst) {
+		t.Errorf("Load of 4096 bytes with MaxSize 4095: %q (cap %d), %v; want ErrCorrupt and dst untouched", got, cap(got), err)
+	}
+	if got, err := (File{Path: path, MaxSize: 4096}).Load(context.Background(), nil); err != nil || len(got) != 4096 {
+		t.Errorf("Load at the limit: %d bytes, %v", len(got), err)
+	}
+}
+
 func TestFileSaveIntoMissingDirectory(t *testing.T) {
 	dir := t.TempDir()
 	f := File{Path: filepath.Join(dir, "missing", "index.snap")}

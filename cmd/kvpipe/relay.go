@@ -50,7 +50,9 @@ func relayCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM) // main stops on SIGINT
 	defer stop()
-	nc, err := nats.Connect(*natsURL, nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true), nats.Name("kvpipe relay"))
+	nc, err := nats.Connect(*natsURL, nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true), nats.Name("kvpipe relay"),
+		// No reconnect buffer: the relay keeps many messages in flight (Config.MaxInFlight).
+		nats.ReconnectBufSize(-1))
 	if err != nil {
 		fmt.Fprintln(stderr, "kvpipe relay:", err)
 		return 1

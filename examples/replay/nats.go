@@ -53,7 +53,7 @@ func runNATS(ctx context.Context, o options, reqs []sim.Request, source string, 
 		}
 	}()
 	connect := func() (jetstream.JetStream, error) { // one connection per process, as in production
-		nc, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+		nc, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.ReconnectBufSize(-1))
 		if err != nil {
 			return nil, err
 		}
