@@ -80,6 +80,9 @@ type Origin struct {
 	Fingerprint uint64
 	Part        int
 	Partial     bool // the worker's Stats().Partial once the ops are applied
+	// Whole: the ops are a part of the worker's whole state, a clear first,
+	// as Republish makes it.
+	Whole bool
 }
 
 // Stats is a snapshot of what one actor did.

@@ -99,6 +99,28 @@ func (a *Actor) StartAfresh() {
 	a.flush()
 }
 
+// Republish hands Publish the worker's whole state, and nothing to the
+// shard, which has it: a clear, then a store of every block in each tier it
+// is indexed in, in parts of a shard batch's size, partial until the last.
+// A publisher that lost its place in its stream starts a true copy from it
+// again. scratch is reused for the state and returned. Call it in the
+// actor's goroutine.
+func (a *Actor) Republish(scratch *snapshot.Worker) {
+	if a.cfg.Publish == nil {
+		return
+	}
+	a.flush() // what is made so far goes first
+	a.Export(scratch)
+	ops := make([]index.Op, 1, 1+scratch.OpCount()) // rare: not worth a buffer kept
+	ops[0] = index.Op{Kind: index.OpClearWorker}
+	for ops := scratch.AppendOps(ops); len(ops) > 0; {
+		n := min(len(ops), maxOps)
+		o := Origin{Whole: true, Partial: scratch.Partial || n < len(ops)}
+		a.streamSeq = a.cfg.Publish(ops[:n], o)
+		ops = ops[n:]
+	}
+}
+
 // HandleResumed puts an imported snapshot's blocks into the index: the
 // Subscriber has proven its position.
 func (a *Actor) HandleResumed() {

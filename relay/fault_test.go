@@ -570,8 +570,8 @@ func TestReplayStraddlingTheDuplicatesWindow(t *testing.T) {
 // A relay restarted from its snapshot whose engine restarted meanwhile:
 // the worker's ops no longer follow what the stream holds of it (the relay
 // before published batches of the old incarnation after the snapshot). The
-// worker is reset in the stream, removed and added again, and the router
-// ends exact for the new incarnation.
+// worker is reset in the stream, by publishing its whole state again, and
+// the router ends exact for the new incarnation.
 func TestRestoredWorkerPartsFromTheStream(t *testing.T) {
 	t.Parallel()
 	_, js := startServer(t)
@@ -592,7 +592,7 @@ func TestRestoredWorkerPartsFromTheStream(t *testing.T) {
 	a.serve(reqs[160:])
 	rr2 := startRelay(t, js, relayConfig(s), a)
 	relayed(t, rr2, a)
-	if st := rr2.Stats(); st.Resets != 1 || st.Restored != 1 {
+	if st := rr2.Stats(); st.Resets != 1 || st.Republished != 1 || st.Restored != 1 {
 		t.Errorf("restarted relay %+v: want the restored worker reset once", st)
 	}
 	caughtUp(t, js, s, r)

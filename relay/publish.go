@@ -9,6 +9,7 @@ import (
 	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/pace"
+	"github.com/kvpipe/kvpipe/supervisor"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -42,8 +43,12 @@ type pubState struct {
 	free  chan []byte   // message buffers the settler is done with
 	exit  chan struct{} // closed when the settler returns
 
-	last  atomic.Uint64 // the stream sequence of its last settled message
-	quiet atomic.Bool   // parted from the stream and being reset: publishes nothing
+	last atomic.Uint64 // the stream sequence of its last settled message
+	// quiet: parted from the stream, it publishes nothing until its whole
+	// state comes (Origin.Whole). gen counts the partings: the settler drops
+	// what was sent before the last one.
+	quiet atomic.Bool
+	gen   atomic.Uint64
 
 	mu        sync.Mutex
 	retrying  bool // a publish failed: the settler sends each message itself
@@ -56,6 +61,7 @@ type entry struct {
 	msg     []byte
 	fut     jetstream.PubAckFuture // nil: not sent yet, the settler sends it
 	removal bool                   // the worker's last message
+	gen     uint64                 // the worker's partings when it was made
 	// replayed: the stream holds the message at seq already (a restored
 	// worker making its replay's messages again).
 	replayed bool
@@ -140,8 +146,13 @@ func (ru *run) publish(ctx context.Context, worker string, ops []index.Op, o act
 			delete(ru.pubs, worker) // added again, it starts afresh
 			ru.mu.Unlock()
 		}()
-	case ps.quiet.Load():
+	case ps.quiet.Load() && (!o.Whole || ops[0].Kind != index.OpClearWorker):
 		return ps.last.Load()
+	case ps.quiet.Load():
+		// Its whole state, a clear first: the stream follows the worker
+		// again from here.
+		ps.quiet.Store(false)
+		ps.expect = nil
 	case len(ps.expect) > 0:
 		// A replay after a restart: the stream has this message if the
 		// relay before made the same one, whether or not the server still
@@ -185,6 +196,7 @@ func (ru *run) enqueue(ctx context.Context, ps *pubState, e *entry) bool {
 	case <-ps.exit:
 		return false
 	}
+	e.gen = ps.gen.Load()
 	ps.mu.Lock()
 	ps.unsettled++
 	if e.msg != nil && !ps.retrying {
@@ -240,9 +252,9 @@ func (ru *run) settle(worker string, ps *pubState) {
 			if ps.quiet.Load() {
 				err = errParted
 			}
-		case ps.quiet.Load() && !e.removal:
-			// Parted: the reset (its removal) follows; nothing before it
-			// matters.
+		case e.gen != ps.gen.Load() && !e.removal:
+			// Sent before the worker parted: its whole state follows,
+			// and nothing before it matters.
 		default:
 			ack := ru.ack(worker, ps, &e)
 			switch {
@@ -324,24 +336,35 @@ func (ru *run) ack(worker string, ps *pubState, e *entry) *jetstream.PubAck {
 
 // part handles a worker whose ops no longer follow what the stream holds
 // of it: applied after those, they would count blocks twice or miss
-// removes. The worker publishes nothing more and is reset in the stream:
-// removed (every router drops its entries) and added again, to start from
-// its engine afresh.
+// removes. The worker publishes nothing more until it is reset in the
+// stream: it publishes its whole state (Pipeline.Republish: a clear, then
+// every block it holds), which every router applies afresh. Should that
+// fail, it is removed (every router drops its entries) and added again,
+// to start from its engine.
 func (ru *run) part(worker string, ps *pubState, why string) {
 	if ps.quiet.Swap(true) {
 		return
 	}
+	ps.gen.Add(1)
 	r := ru.r
 	r.stats.resets.Add(1)
-	r.log.Error("kvpipe/relay: worker parted from the stream; resetting it", "worker", worker, "why", why)
+	r.log.Error("kvpipe/relay: worker parted from the stream; publishing its whole state again", "worker", worker, "why", why)
 	ru.resetting.Go(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ShutdownTimeout)
 		defer cancel()
+		err := ru.p.Republish(ctx, worker)
+		if err == nil {
+			r.stats.republished.Add(1)
+		}
+		if err == nil || errors.Is(err, supervisor.ErrNoWorker) || errors.Is(err, supervisor.ErrClosed) || ru.settleCtx.Err() != nil {
+			return // done, removed meanwhile, or the relay is stopping
+		}
+		r.log.Error("kvpipe/relay: worker's state not published again; removing and adding it", "worker", worker, "err", err)
 		r.mu.Lock()
 		wc, ok := r.workers[worker]
 		r.mu.Unlock()
 		if !ok || ru.p.RemoveWorker(ctx, worker) != nil {
-			return // removed meanwhile, or the pipeline is stopping
+			return
 		}
 		if err := ru.p.AddWorker(worker, wc); err != nil {
 			r.log.Error("kvpipe/relay: worker not added again", "worker", worker, "err", err)

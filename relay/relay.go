@@ -95,15 +95,17 @@ type Stats struct {
 	StreamChanges   uint64 // times the stream was found deleted or made again
 	// Replayed counts a restored worker's messages the stream already held
 	// (made again by its replay: not sent). Resets counts workers reset in
-	// the stream because their ops parted from what it holds of them.
-	Replayed, Resets uint64
+	// the stream because their ops parted from what it holds of them;
+	// Republished, those reset by publishing their whole state (the others
+	// were removed and added again).
+	Replayed, Resets, Republished uint64
 }
 
 type counters struct {
 	published, duplicates, retries, abandoned, encodeErrors atomic.Uint64
 	snapshots, snapshotErrors, snapshotBytes                atomic.Uint64
 	restored, snapshotIgnored, streamChanges, replayed      atomic.Uint64
-	resets                                                  atomic.Uint64
+	resets, republished                                     atomic.Uint64
 }
 
 // Stats returns the relay's counters; any goroutine may call it.
@@ -113,7 +115,7 @@ func (r *Relay) Stats() Stats {
 		Abandoned: c.abandoned.Load(), EncodeErrors: c.encodeErrors.Load(), Snapshots: c.snapshots.Load(),
 		SnapshotErrors: c.snapshotErrors.Load(), SnapshotBytes: c.snapshotBytes.Load(), Restored: c.restored.Load(),
 		SnapshotIgnored: c.snapshotIgnored.Load(), StreamChanges: c.streamChanges.Load(),
-		Replayed: c.replayed.Load(), Resets: c.resets.Load()}
+		Replayed: c.replayed.Load(), Resets: c.resets.Load(), Republished: c.republished.Load()}
 }
 
 // New validates cfg and returns a relay publishing through js. It starts

@@ -288,6 +288,45 @@ func (p *Pipeline) Snapshot(ctx context.Context, dst *snapshot.Snapshot) error {
 	return nil
 }
 
+// Republish makes a worker hand Publish its whole state again, from its
+// own goroutine: a clear, then a store of every block it is indexed in, in
+// parts of a shard batch's size (actor.Republish). A publisher that lost
+// its place in its stream (a relay whose stream holds a worker's messages
+// out of order) starts a true copy again from there, and the worker stays
+// whole. It returns once the parts are published, or with ctx's error.
+func (p *Pipeline) Republish(ctx context.Context, name string) error {
+	if p.cfg.Publish == nil {
+		return errors.New("kvpipe: Republish needs Publish")
+	}
+	p.mu.Lock()
+	w, ok := p.workers[name]
+	p.mu.Unlock()
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: %q", ErrNoWorker, name)
+	case w.fed != nil:
+		return fmt.Errorf("kvpipe: worker %q is the Source's", name)
+	case w.done == nil:
+		return fmt.Errorf("%w: worker %q has not started", ErrNotRunning, name)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(w.ctx, cancel)()
+	var scratch snapshot.Worker
+	done := false
+	err := w.sub.Checkpoint(wctx, func(wire.Position) {
+		w.actor.Load().Republish(&scratch)
+		done = true
+	})
+	if err == nil && !done {
+		err = errors.New("kvpipe: republish: the worker stopped first")
+	}
+	if err != nil {
+		return fmt.Errorf("kvpipe: republish %q: %w", name, err)
+	}
+	return nil
+}
+
 // growWorkers returns ws with length n, reusing its elements' slices.
 func growWorkers(ws []snapshot.Worker, n int) []snapshot.Worker {
 	if cap(ws) < n {

@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"path/filepath"
@@ -360,6 +361,66 @@ func TestPublishHook(t *testing.T) {
 	c := <-calls
 	if len(c.ops) != 1 || c.ops[0].Kind != index.OpRemoveWorker {
 		t.Fatalf("published on removal %+v, want one OpRemoveWorker", c)
+	}
+}
+
+// Republish hands Publish the worker's whole state (a clear, then its
+// blocks); a snapshot takes the position from Flush when it is set; both
+// refuse what they cannot do.
+func TestRepublishAndFlush(t *testing.T) {
+	type call struct {
+		ops []index.Op
+		o   actor.Origin
+	}
+	calls := make(chan call, 1000)
+	p := startPipeline(t, Config{
+		Publish: func(_ context.Context, _ string, ops []index.Op, o actor.Origin) uint64 {
+			calls <- call{append([]index.Op(nil), ops...), o}
+			return 1
+		},
+		Flush: func(ctx context.Context, worker string) (uint64, error) { return 42, nil },
+	})
+	e := newEngine(t)
+	if err := p.AddWorker("a", WorkerConfig{Endpoint: e.ep, ReplayEndpoint: e.replay}); err != nil {
+		t.Fatal(err)
+	}
+	e.store(prompt(1, 3), 16)
+	var h index.Hasher
+	keys := h.Prompt(nil, prompt(1, 3), 16)
+	for n := 0; n < 1+len(keys); { // the start's clear, then the stores
+		select {
+		case c := <-calls:
+			n += len(c.ops)
+		case <-time.After(10 * time.Second):
+			t.Fatal("nothing published")
+		}
+	}
+	if err := p.Republish(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	c := <-calls
+	got := slices.Clone(c.ops[1:])
+	slices.SortFunc(got, func(x, y index.Op) int { return cmp.Compare(x.Hash, y.Hash) })
+	want := []index.Op{}
+	for _, k := range keys {
+		want = append(want, index.Op{Kind: index.OpStore, Hash: k})
+	}
+	slices.SortFunc(want, func(x, y index.Op) int { return cmp.Compare(x.Hash, y.Hash) })
+	if c.ops[0].Kind != index.OpClearWorker || !slices.Equal(got, want) || !c.o.Whole || c.o.Partial {
+		t.Errorf("republished %+v (%+v), want a clear then the stores of %v, whole and not partial", c.ops, c.o, keys)
+	}
+	if err := p.Republish(context.Background(), "nobody"); !errors.Is(err, ErrNoWorker) {
+		t.Errorf("Republish of an unknown worker: %v, want ErrNoWorker", err)
+	}
+	var snap snapshot.Snapshot
+	if err := p.Snapshot(context.Background(), &snap); err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.Workers) != 1 || snap.Workers[0].StreamSeq != 42 {
+		t.Errorf("snapshot workers %+v, want a at stream seq 42, what Flush said", snap.Workers)
+	}
+	if _, err := New(Config{BlockSize: 16, Flush: func(context.Context, string) (uint64, error) { return 0, nil }}); err == nil {
+		t.Error("New took Flush without Publish")
 	}
 }
 
