@@ -43,6 +43,13 @@ type Config struct {
 	// once Run's context ends (default 10s).
 	ShutdownTimeout time.Duration
 	Logger          *slog.Logger // default Pipeline.Logger, else none
+	// Lease, when set, makes this relay one of several for the same
+	// engines: it writes only while it holds the lease, and a standby
+	// (another relay with a Lease on the same key) takes over from the
+	// last snapshot when it stops or goes silent. Its ShutdownTimeout is
+	// then at most a third of the lease's TTL, so that it has stopped
+	// writing before a standby can hold the lease.
+	Lease *Lease
 }
 
 // ErrStreamChanged: the stream was deleted (and made again) under a running
@@ -99,13 +106,16 @@ type Stats struct {
 	// Republished, those reset by publishing their whole state (the others
 	// were removed and added again).
 	Replayed, Resets, Republished uint64
+	// Terms counts the times the relay started writing (with a Lease, each
+	// holding of it); LeaseLost, the terms that ended with the lease lost.
+	Terms, LeaseLost uint64
 }
 
 type counters struct {
 	published, duplicates, retries, abandoned, encodeErrors atomic.Uint64
 	snapshots, snapshotErrors, snapshotBytes                atomic.Uint64
 	restored, snapshotIgnored, streamChanges, replayed      atomic.Uint64
-	resets, republished                                     atomic.Uint64
+	resets, republished, terms, leaseLost                   atomic.Uint64
 }
 
 // Stats returns the relay's counters; any goroutine may call it.
@@ -115,7 +125,8 @@ func (r *Relay) Stats() Stats {
 		Abandoned: c.abandoned.Load(), EncodeErrors: c.encodeErrors.Load(), Snapshots: c.snapshots.Load(),
 		SnapshotErrors: c.snapshotErrors.Load(), SnapshotBytes: c.snapshotBytes.Load(), Restored: c.restored.Load(),
 		SnapshotIgnored: c.snapshotIgnored.Load(), StreamChanges: c.streamChanges.Load(),
-		Replayed: c.replayed.Load(), Resets: c.resets.Load(), Republished: c.republished.Load()}
+		Replayed: c.replayed.Load(), Resets: c.resets.Load(), Republished: c.republished.Load(),
+		Terms: c.terms.Load(), LeaseLost: c.leaseLost.Load()}
 }
 
 // New validates cfg and returns a relay publishing through js. It starts
@@ -154,6 +165,9 @@ func New(js jetstream.JetStream, cfg Config) (*Relay, error) {
 	}
 	if cfg.ShutdownTimeout == 0 {
 		cfg.ShutdownTimeout = 10 * time.Second
+	}
+	if cfg.Lease != nil {
+		cfg.ShutdownTimeout = min(cfg.ShutdownTimeout, cfg.Lease.cfg.TTL/3)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = cfg.Pipeline.Logger
@@ -270,7 +284,9 @@ func (r *Relay) Pipeline() *supervisor.Pipeline {
 // every batch of ops, and writes a snapshot every SnapshotEvery. When ctx
 // ends it writes a last snapshot, stops the pipeline and returns ctx's
 // cause, once every goroutine it started has stopped. It waits for NATS
-// while it cannot reach it.
+// while it cannot reach it. With a Lease it does all that only while it
+// holds the lease, and waits (subscribed to no engine) while another relay
+// does.
 func (r *Relay) Run(ctx context.Context) error {
 	r.mu.Lock()
 	if r.ran {
@@ -285,6 +301,29 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.cur = nil
 		r.mu.Unlock()
 	}()
+	if r.cfg.Lease == nil {
+		return r.lead(ctx, ru)
+	}
+	return r.cfg.Lease.Run(ctx, func(held context.Context) error {
+		if ru == nil { // a term after the first: a pipeline of its own
+			var err error
+			if ru, err = r.nextRun(); err != nil {
+				return err
+			}
+		}
+		err := r.lead(held, ru)
+		ru = nil
+		if errors.Is(context.Cause(held), ErrLeaseLost) {
+			r.stats.leaseLost.Add(1)
+			return nil // wait to hold the lease again
+		}
+		return err
+	})
+}
+
+// lead runs the relay's pipelines from ru on until ctx ends.
+func (r *Relay) lead(ctx context.Context, ru *run) error {
+	r.stats.terms.Add(1)
 	for {
 		err := ru.run(ctx)
 		if !errors.Is(err, ErrStreamChanged) {
@@ -292,21 +331,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		r.stats.streamChanges.Add(1)
 		r.log.Error("kvpipe/relay: the stream was deleted or made again under the relay: starting again from the last snapshot")
-		// The next pipeline takes the workers over before this one stops,
-		// so that AddWorker never meets a pipeline that is stopping.
-		r.mu.Lock()
-		next, err := r.newRun()
-		if err == nil {
-			for name, wc := range r.workers {
-				if err = next.p.AddWorker(name, wc); err != nil {
-					break
-				}
-			}
-		}
-		if err == nil {
-			r.cur = next
-		}
-		r.mu.Unlock()
+		next, err := r.nextRun()
 		// What the old pipeline still sends belongs to the old stream.
 		ru.stopSettling()
 		ru.finish(context.WithoutCancel(ctx))
@@ -320,6 +345,25 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		ru = next
 	}
+}
+
+// nextRun makes the relay's next pipeline with its workers and makes it
+// current, before the last one stops, so that AddWorker never meets a
+// pipeline that is stopping.
+func (r *Relay) nextRun() (*run, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	next, err := r.newRun()
+	if err != nil {
+		return nil, err
+	}
+	for name, wc := range r.workers {
+		if err := next.p.AddWorker(name, wc); err != nil {
+			return nil, err
+		}
+	}
+	r.cur = next
+	return next, nil
 }
 
 // run runs ru's pipeline until ctx ends, when it writes the last snapshot
@@ -359,7 +403,12 @@ func (ru *run) run(ctx context.Context) error {
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ShutdownTimeout)
 	defer cancel()
-	if serr := ru.snapshot(sctx); serr != nil {
+	if errors.Is(context.Cause(ctx), ErrLeaseLost) {
+		// Another relay may hold the lease soon: send nothing more, and
+		// leave the snapshot to it.
+		ru.stopSettling()
+		r.log.Warn("kvpipe/relay: lease lost: stopping without a last snapshot")
+	} else if serr := ru.snapshot(sctx); serr != nil {
 		r.log.Warn("kvpipe/relay: last snapshot not written", "err", serr)
 	}
 	ru.finish(sctx)
