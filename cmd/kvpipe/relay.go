@@ -35,6 +35,9 @@ func relayCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	object := fs.String("object", relay.DefaultObject, "snapshot object name")
 	every := fs.Duration("snapshot-every", 15*time.Second, "how often to write the snapshot")
 	maxAge := fs.Duration("max-age", relay.DefaultMaxAge, "how long the stream keeps ops (keep several snapshot intervals)")
+	leaseKey := fs.String("lease", "", "run as one of several relays for these engines: write only while holding this key of the lease bucket (empty: always write)")
+	leaseBucket := fs.String("lease-bucket", relay.DefaultLeaseBucket, "KV bucket of the lease")
+	leaseTTL := fs.Duration("lease-ttl", relay.DefaultLeaseTTL, "a holder silent this long loses the lease to a standby")
 	verbose := fs.Bool("v", false, "log to stderr")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -63,12 +66,19 @@ func relayCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintln(stderr, "kvpipe relay:", err)
 		return 1
 	}
-	r, err := relay.New(js, relay.Config{
+	cfg := relay.Config{
 		Settings:      relay.Settings{Prefix: *prefix, Stream: *stream, Bucket: *bucket, Object: *object, MaxAge: *maxAge},
 		Pipeline:      supervisor.Config{BlockSize: *blockSize, Shards: *shards, Logger: logger},
 		SnapshotEvery: *every,
 		Logger:        logger,
-	})
+	}
+	if *leaseKey != "" {
+		if cfg.Lease, err = relay.NewLease(js, relay.LeaseConfig{Bucket: *leaseBucket, Key: *leaseKey, TTL: *leaseTTL, Logger: logger}); err != nil {
+			fmt.Fprintln(stderr, "kvpipe relay:", err)
+			return 2
+		}
+	}
+	r, err := relay.New(js, cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "kvpipe relay:", err)
 		return 2
@@ -85,7 +95,7 @@ func relayCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return 1
 	}
 	st := r.Stats()
-	fmt.Fprintf(stdout, "published=%d duplicates=%d retries=%d replayed=%d snapshots=%d snapshot_errors=%d resets=%d\n",
-		st.Published, st.Duplicates, st.Retries, st.Replayed, st.Snapshots, st.SnapshotErrors, st.Resets)
+	fmt.Fprintf(stdout, "published=%d duplicates=%d retries=%d replayed=%d snapshots=%d snapshot_errors=%d resets=%d terms=%d lease_lost=%d\n",
+		st.Published, st.Duplicates, st.Retries, st.Replayed, st.Snapshots, st.SnapshotErrors, st.Resets, st.Terms, st.LeaseLost)
 	return 0
 }

@@ -14,8 +14,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// kvpipe relay against the embedded server: the engine's batches reach the
-// stream, a snapshot reaches the bucket, and SIGINT (ctx) ends it with 0.
+// kvpipe relay against the embedded server, holding a lease: the engine's
+// batches reach the stream, a snapshot reaches the bucket, and SIGINT (ctx)
+// ends it with 0.
 func TestRelayPublishes(t *testing.T) {
 	srv := natstest.Start(t)
 	js, err := jetstream.New(srv.Connect(t))
@@ -38,7 +39,7 @@ func TestRelayPublishes(t *testing.T) {
 	done := make(chan int, 1)
 	go func() {
 		done <- run(ctx, []string{"relay", "--nats", srv.URL(), "--endpoint", "e0=" + ep, "--replay", "e0=" + replay,
-			"--snapshot-every", "50ms", "--stream", "T", "--prefix", "t.ops", "--bucket", "t-snap"}, nil, &out, io.Discard)
+			"--snapshot-every", "50ms", "--stream", "T", "--prefix", "t.ops", "--bucket", "t-snap", "--lease", "engines", "--lease-ttl", "2s"}, nil, &out, io.Discard)
 	}()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -53,13 +54,14 @@ func TestRelayPublishes(t *testing.T) {
 	cancel()
 	select {
 	case code := <-done:
-		if code != 0 || !strings.Contains(out.String(), "published=") {
+		if code != 0 || !strings.Contains(out.String(), "published=") || !strings.Contains(out.String(), "terms=1 lease_lost=0") {
 			t.Errorf("exit %d, stdout %q", code, out.String())
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("relay did not exit")
 	}
-	for _, args := range [][]string{{}, {"--endpoint", "tcp://127.0.0.1:1", "--bucket", "a.b"}} {
+	for _, args := range [][]string{{}, {"--endpoint", "tcp://127.0.0.1:1", "--bucket", "a.b"},
+		{"--endpoint", "tcp://127.0.0.1:1", "--lease", "x", "--lease-ttl", "1ms"}} {
 		var errOut strings.Builder
 		if code := run(context.Background(), append([]string{"relay"}, args...), nil, io.Discard, &errOut); code != 2 || errOut.Len() == 0 {
 			t.Errorf("relay %v: exit %d, stderr %q; want 2 and a message", args, code, errOut.String())
