@@ -13,6 +13,7 @@ import (
 	"github.com/kvpipe/kvpipe/internal/pace"
 	"github.com/kvpipe/kvpipe/snapshot"
 	"github.com/kvpipe/kvpipe/supervisor"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -562,19 +563,51 @@ func (ru *run) lineageAt(ctx context.Context, ps *pubState, seq uint64) lineage 
 	return l
 }
 
-// after lists the messages of subject after seq, oldest first.
+// after lists the messages of subject after seq, oldest first: their ids
+// only, read through one consumer (a takeover may have thousands to read).
 func (ru *run) after(ctx context.Context, subject string, seq uint64) ([]stored, error) {
+	last, err := ru.stream.GetLastMsgForSubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("relay: reading %s after %d: %w", subject, seq, err)
+	}
+	if last.Sequence <= seq {
+		return nil, nil
+	}
+	cons, err := ru.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject},
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: seq + 1, HeadersOnly: true})
+	if err != nil {
+		return nil, fmt.Errorf("relay: reading %s after %d: %w", subject, seq, err)
+	}
 	var out []stored
-	for next := seq + 1; ; {
-		m, err := ru.stream.GetMsg(ctx, next, jetstream.WithGetMsgSubject(subject))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return out, nil
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
 		}
+		batch, err := cons.Fetch(1024, jetstream.FetchMaxWait(time.Second))
 		if err != nil {
 			return nil, fmt.Errorf("relay: reading %s after %d: %w", subject, seq, err)
 		}
-		out = append(out, stored{id: m.Header.Get(jetstream.MsgIDHeader), seq: m.Sequence})
-		next = m.Sequence + 1
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			md, err := m.Metadata()
+			if err != nil {
+				return nil, fmt.Errorf("relay: reading %s after %d: %w", subject, seq, err)
+			}
+			out = append(out, stored{id: m.Headers().Get(jetstream.MsgIDHeader), seq: md.Sequence.Stream})
+			if md.Sequence.Stream >= last.Sequence {
+				return out, nil
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return nil, fmt.Errorf("relay: reading %s after %d: %w", subject, seq, err)
+		}
+		if n == 0 { // the last one went (trimmed or deleted) meanwhile
+			return out, nil
+		}
 	}
 }
 

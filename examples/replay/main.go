@@ -49,6 +49,9 @@ type options struct {
 	// restartAt > 0: restart the router at that fraction of the trace, with
 	// and without a snapshot, and compare.
 	restartAt float64
+	// failoverAt > 0 (with nats): the leading relay stops at that fraction
+	// of the trace and its standby takes over.
+	failoverAt float64
 	// bufferSteps is each engine's replay buffer, in batches.
 	bufferSteps int
 	// nats: through a relay and an in-process JetStream server.
@@ -90,6 +93,7 @@ func main() {
 	flag.BoolVar(&o.lora, "lora", true, "some conversations run on LoRA adapters")
 	flag.Float64Var(&o.restartAt, "restart-at", 0, "restart the router at this fraction of the trace, once from its snapshot and once without, and compare their hit rates (0: no restart)")
 	flag.IntVar(&o.bufferSteps, "buffer-steps", 1000, "batches each engine keeps for replay (a simulated batch is a whole prompt, so fewer than vLLM's 10,000)")
+	flag.Float64Var(&o.failoverAt, "failover-at", 0.5, "with --nats: stop the leading relay at this fraction of the trace, for its standby to take over (0: no failover)")
 	flag.BoolVar(&o.nats, "nats", false, "replay through a relay into an in-process NATS JetStream server, with two router replicas following its stream, and check that their indexes agree")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -185,8 +189,8 @@ func run(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	if o.bufferSteps <= 0 {
 		o.bufferSteps = 1000
 	}
-	if o.restartAt < 0 || o.restartAt >= 1 {
-		return errors.New("--restart-at must be in [0, 1)")
+	if o.restartAt < 0 || o.restartAt >= 1 || o.failoverAt < 0 || o.failoverAt >= 1 {
+		return errors.New("--restart-at and --failover-at must be in [0, 1)")
 	}
 	reqs, source, err := loadTrace(o, stderr)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -116,12 +117,37 @@ func TestReplayRestart(t *testing.T) {
 func TestReplayNATS(t *testing.T) {
 	var out strings.Builder
 	o := options{workers: 2, capacity: 2_000, blockSize: 16, requests: 200, shards: 2, progress: time.Hour,
-		hostBlocks: 5_000, nats: true, speedup: 0}
-	if err := run(context.Background(), o, &out, io.Discard); err != nil {
-		t.Fatalf("%v:\n%s", err, out.String())
+		hostBlocks: 5_000, nats: true, speedup: 0, failoverAt: 0.5}
+	var logs syncBuilder // the relays' and routers' warnings, for a failure's report
+	if err := run(context.Background(), o, &out, &logs); err != nil {
+		t.Fatalf("%v:\n%s\n%s", err, out.String(), logs.String())
 	}
 	s := out.String()
 	if !strings.Contains(s, "replicas agree     true") || strings.Count(s, "agrees true") != 2 {
 		t.Errorf("the routers do not agree:\n%s", s)
 	}
+	if !strings.Contains(s, "at request 100 the leading relay stopped") || !strings.Contains(s, "2 workers from the snapshot") {
+		t.Errorf("no failover to the standby from the snapshot:\n%s\n%s", s, logs.String())
+	}
+}
+
+// syncBuilder is a strings.Builder the example's goroutines may log to.
+type syncBuilder struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (w *syncBuilder) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.b.Len() > 1<<20 {
+		return len(p), nil
+	}
+	return w.b.Write(p)
+}
+
+func (w *syncBuilder) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
 }

@@ -27,6 +27,8 @@ type replica struct {
 
 // runNATS replays the trace through a relay into an in-process JetStream
 // server, with two router replicas following the stream; the first routes.
+// A second relay stands by on the same lease and takes over at
+// o.failoverAt of the trace, when the first stops.
 // At the end both must hold the same index, and two routers that join late,
 // one from the relay's snapshot and one from the stream alone, must catch up
 // to it.
@@ -66,24 +68,52 @@ func runNATS(ctx context.Context, o options, reqs []sim.Request, source string, 
 		return err
 	}
 	defer stopEngines(engines)
-	js, err := connect()
-	if err != nil {
-		return err
-	}
-	rl, err := relay.New(js, relay.Config{Pipeline: supervisor.Config{BlockSize: o.blockSize, Shards: o.shards, Logger: logger},
-		SnapshotEvery: 2 * time.Second})
-	if err != nil {
-		return err
-	}
-	for _, e := range engines {
-		if err := rl.AddWorker(e.name, kvpipe.WorkerConfig{Endpoint: "tcp://" + e.pub.Addr(), ReplayEndpoint: "tcp://" + e.pub.ReplayAddr()}); err != nil {
+	// Two relays for the engines, one lease: the first writes, the second
+	// waits as its standby and takes over when the first stops.
+	var relays [2]*relay.Relay
+	var stopRelays [2]func()
+	defer func() {
+		for _, stop := range stopRelays {
+			if stop != nil {
+				stop()
+			}
+		}
+	}()
+	var js jetstream.JetStream
+	for i := range relays {
+		rjs, err := connect()
+		if err != nil {
 			return err
 		}
+		if i == 0 {
+			js = rjs
+		}
+		lease, err := relay.NewLease(rjs, relay.LeaseConfig{Key: "replay", Logger: logger})
+		if err != nil {
+			return err
+		}
+		rl, err := relay.New(rjs, relay.Config{Pipeline: supervisor.Config{BlockSize: o.blockSize, Shards: o.shards, Logger: logger},
+			SnapshotEvery: 2 * time.Second, Lease: lease})
+		if err != nil {
+			return err
+		}
+		for _, e := range engines {
+			if err := rl.AddWorker(e.name, kvpipe.WorkerConfig{Endpoint: "tcp://" + e.pub.Addr(), ReplayEndpoint: "tcp://" + e.pub.ReplayAddr()}); err != nil {
+				return err
+			}
+		}
+		relayCtx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- rl.Run(relayCtx) }()
+		stopRelays[i] = func() { cancel(); <-done }
+		relays[i] = rl
+		if i == 0 { // the first leads
+			if err := waitLeading(ctx, rl); err != nil {
+				return err
+			}
+		}
 	}
-	relayCtx, stopRelay := context.WithCancel(context.Background())
-	relayDone := make(chan error, 1)
-	go func() { relayDone <- rl.Run(relayCtx) }()
-	defer func() { stopRelay(); <-relayDone }()
+	rl := relays[0]
 
 	follow := func(settings relay.Settings) (*replica, error) {
 		js, err := connect()
@@ -115,15 +145,31 @@ func runNATS(ctx context.Context, o options, reqs []sim.Request, source string, 
 		}
 		replicas = append(replicas, rp)
 	}
-	if err := waitRelay(ctx, rl); err != nil {
-		return err
-	}
 	if err := waitConnected(ctx, rl.Pipeline(), len(engines)); err != nil {
 		return err
 	}
 
 	start := time.Now()
-	routed := route(ctx, o, reqs, 0, replicas[0].r.p, engines, stderr, start)
+	at := len(reqs)
+	if o.failoverAt > 0 {
+		at = int(float64(len(reqs)) * o.failoverAt)
+	}
+	routed := route(ctx, o, reqs[:at], 0, replicas[0].r.p, engines, stderr, start)
+	var fo failover
+	if at < len(reqs) && routed == at {
+		// The leader stops (its last snapshot written, its lease given
+		// up); the standby takes over from that snapshot and the engines'
+		// replay buffers, while the engines go on.
+		t0 := time.Now()
+		stopRelays[0]()
+		stopRelays[0] = nil
+		if err := waitLeading(ctx, relays[1]); err != nil {
+			return err
+		}
+		fo = failover{at: at, took: time.Since(t0)}
+		rl = relays[1]
+		routed += route(ctx, o, reqs, at, replicas[0].r.p, engines, stderr, start) - at
+	}
 	quiesce(engines)
 	settle(rl.Pipeline(), engines)
 	wall := time.Since(start)
@@ -161,7 +207,16 @@ func runNATS(ctx context.Context, o options, reqs []sim.Request, source string, 
 		joins[i].agree, _ = sameIndex(ctx, o, reqs[:routed], replicas[0].r.p, rp.r.p)
 	}
 
-	rs := rl.Stats()
+	fo.stats = relays[1].Stats()
+	rs := relays[0].Stats()
+	if fo.took > 0 {
+		rs2 := relays[1].Stats()
+		rs.Published += rs2.Published
+		rs.Duplicates += rs2.Duplicates
+		rs.Retries += rs2.Retries
+		rs.Snapshots += rs2.Snapshots
+		rs.SnapshotBytes = rs2.SnapshotBytes
+	}
 	var hit hits
 	for _, e := range engines {
 		hit.device += e.hits.device
@@ -176,6 +231,15 @@ func runNATS(ctx context.Context, o options, reqs []sim.Request, source string, 
 	for i, rp := range replicas[:2] {
 		st := rp.f.Stats()
 		fmt.Fprintf(stdout, "  replica %d          %d messages applied, caught up %s after the last request\n", i, st.Applied, (lags[i] - wall).Round(time.Millisecond))
+	}
+	if fo.took > 0 {
+		fmt.Fprintf(stdout, "  failover           at request %d the leading relay stopped; its standby led %s later: %d workers from the snapshot, %d messages made again from the engines' replay, %d resets\n",
+			fo.at, fo.took.Round(time.Millisecond), fo.stats.Restored, fo.stats.Replayed, fo.stats.Resets)
+		for i, r := range relays {
+			st := r.Stats()
+			fmt.Fprintf(stdout, "  relay %d            %d terms leading (%d ended by a lost lease), %d published, %d duplicates, %d resets\n",
+				i, st.Terms, st.LeaseLost, st.Published, st.Duplicates, st.Resets)
+		}
 	}
 	fmt.Fprintf(stdout, "  replicas agree     %v (%d prompts compared, per worker and tier)\n", agree, compared)
 	for i, name := range []string{"from the snapshot", "without"} {
@@ -220,19 +284,25 @@ type join struct {
 	agree bool
 }
 
-// waitRelay waits until the relay's pipeline exists (Run has set it up).
-func waitRelay(ctx context.Context, rl *relay.Relay) error {
+type failover struct {
+	at    int
+	took  time.Duration
+	stats relay.Stats
+}
+
+// waitLeading waits until the relay holds the lease and runs its pipeline.
+func waitLeading(ctx context.Context, rl *relay.Relay) error {
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
-		if p := rl.Pipeline(); p != nil && len(p.Stats().Workers) > 0 {
+		if p := rl.Pipeline(); rl.Stats().Terms > 0 && p != nil && len(p.Stats().Workers) > 0 {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(10 * time.Millisecond):
+		case <-time.After(time.Millisecond):
 		}
 	}
-	return errors.New("the relay did not start within 10s")
+	return errors.New("the relay did not lead within 10s")
 }
 
 // caughtUp waits until rp has applied the stream up to last, and returns
