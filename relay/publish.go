@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/index"
@@ -350,7 +351,9 @@ func (ru *run) part(worker string, ps *pubState, why string) {
 	r.stats.resets.Add(1)
 	r.log.Error("kvpipe/relay: worker parted from the stream; publishing its whole state again", "worker", worker, "why", why)
 	ru.resetting.Go(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ShutdownTimeout)
+		// The worker may be in the middle of a long replay, which
+		// Republish waits for; its stop (the relay's) ends the wait.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		err := ru.p.Republish(ctx, worker)
 		if err == nil {
