@@ -64,12 +64,12 @@ type LeaseConfig struct {
 // for TTL/2, measured on its monotonic clock from when the last successful
 // renew was sent. The server received that renew later and expires the key
 // TTL after that, so the held context ends at least TTL/2 before any
-// standby can hold the lease. It assumes that the holder's and the
-// server's clocks run at alike rates (and the server's is not stepped
-// forward); that lead stops writing within TTL/2 of its context ending
-// (the caller bounds what is in flight: a Relay's publishes, its drain and
-// last snapshot included); and that nobody else writes or deletes the key
-// or its bucket.
+// standby can hold the lease. The lease is renewed until lead returns,
+// also after Run's ctx ended (lead drains while it holds the lease). It
+// assumes that the holder's and the server's clocks run at alike rates
+// (and the server's is not stepped forward); that lead stops writing within
+// TTL/2 of its context ending for a lost lease (a Relay stops sending at
+// once); and that nobody else writes or deletes the key or its bucket.
 //
 // The bucket is file-stored so that a key and its age outlive a server
 // restart: in memory, a restarted server would forget the lease and let a
@@ -390,8 +390,14 @@ func (l *Lease) lose(h *holding, cause error, taken bool) {
 // hold runs lead while the lease is held, renewing it, then releases it.
 // It returns lead's error unless that is its context's ending.
 func (l *Lease) hold(ctx context.Context, kv jetstream.KeyValue, sent time.Time, rev uint64, lead func(context.Context) error) error {
-	held, cancel := context.WithCancelCause(ctx)
+	// keep lasts while the lease is held: renewals go on after ctx ends,
+	// while lead drains, so that the lease cannot pass to a standby before
+	// lead has stopped writing. held, lead's, ends with keep or ctx.
+	keep, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancel(errStepDown)
+	held, cancelHeld := context.WithCancelCause(keep)
+	defer cancelHeld(errStepDown)
+	defer context.AfterFunc(ctx, func() { cancelHeld(context.Cause(ctx)) })()
 	h := &holding{cancel: cancel, holding: &l.stats.holding, rev: rev, deadline: sent.Add(l.cfg.TTL / 2)}
 	l.stats.acquired.Add(1)
 	l.stats.holding.Store(true)
@@ -405,8 +411,8 @@ func (l *Lease) hold(ctx context.Context, kv jetstream.KeyValue, sent time.Time,
 			h.end(errStepDown, false)
 			wg.Wait()
 		}()
-		wg.Go(func() { l.renew(held, kv, h, sent) })
-		wg.Go(func() { l.watchdog(held, h) })
+		wg.Go(func() { l.renew(keep, kv, h, sent) })
+		wg.Go(func() { l.watchdog(keep, h) })
 		err = lead(held)
 		endedFirst = held.Err() != nil
 	}()

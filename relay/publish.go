@@ -190,6 +190,9 @@ func (ru *run) publish(ctx context.Context, worker string, ops []index.Op, o act
 // settler is retrying (then the settler sends it, in its turn), and hands
 // e to the settler. It is false when ctx ends or the settler stopped first.
 func (ru *run) enqueue(ctx context.Context, ps *pubState, e *entry) bool {
+	if ru.settleCtx.Err() != nil { // stopped: nothing more goes out
+		return false
+	}
 	select {
 	case ps.slots <- struct{}{}:
 	case <-ctx.Done():
@@ -199,10 +202,21 @@ func (ru *run) enqueue(ctx context.Context, ps *pubState, e *entry) bool {
 	}
 	e.gen = ps.gen.Load()
 	ps.mu.Lock()
+	if ru.settleCtx.Err() != nil {
+		ps.mu.Unlock()
+		<-ps.slots
+		return false
+	}
 	ps.unsettled++
-	if e.msg != nil && !ps.retrying {
+	// A removal waits for the settler to send it, after every message
+	// before it is stored: sent at once, it could be stored before one of
+	// them sent again, and the worker would come back in every router.
+	if e.msg != nil && !ps.retrying && !e.removal {
 		m := &nats.Msg{Subject: ps.subject, Data: e.msg, Header: nats.Header{jetstream.MsgIDHeader: []string{e.id}}}
-		// An error leaves fut nil: the settler sends it.
+		// An error leaves fut nil: the settler sends it. e.msg is reused
+		// once settled: nats.go copies Data when it sends, and keeps the
+		// message only for its own retries and callbacks, which pub has
+		// none of (no handlers, WithRetryAttempts(0)).
 		e.fut, _ = ru.r.pub.PublishMsgAsync(m, jetstream.WithRetryAttempts(0))
 	}
 	ps.mu.Unlock()
@@ -343,8 +357,8 @@ func (ru *run) ack(worker string, ps *pubState, e *entry) *jetstream.PubAck {
 // fail, it is removed (every router drops its entries) and added again,
 // to start from its engine.
 func (ru *run) part(worker string, ps *pubState, why string) {
-	if ps.quiet.Swap(true) {
-		return
+	if ps.quiet.Swap(true) || ru.settleCtx.Err() != nil {
+		return // being reset, or the relay is stopping: its next start resets it
 	}
 	ps.gen.Add(1)
 	r := ru.r
@@ -352,7 +366,7 @@ func (ru *run) part(worker string, ps *pubState, why string) {
 	r.log.Error("kvpipe/relay: worker parted from the stream; publishing its whole state again", "worker", worker, "why", why)
 	ru.resetting.Go(func() {
 		// The worker may be in the middle of a long replay, which
-		// Republish waits for; its stop (the relay's) ends the wait.
+		// Republish waits for, up to a minute or the worker's stop.
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		err := ru.p.Republish(ctx, worker)
@@ -363,6 +377,8 @@ func (ru *run) part(worker string, ps *pubState, why string) {
 			return // done, removed meanwhile, or the relay is stopping
 		}
 		r.log.Error("kvpipe/relay: worker's state not published again; removing and adding it", "worker", worker, "err", err)
+		ctx, cancel = context.WithTimeout(context.Background(), r.cfg.ShutdownTimeout)
+		defer cancel()
 		r.mu.Lock()
 		wc, ok := r.workers[worker]
 		r.mu.Unlock()

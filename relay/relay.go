@@ -305,21 +305,26 @@ func (r *Relay) Run(ctx context.Context) error {
 	if r.cfg.Lease == nil {
 		return r.lead(ctx, ru)
 	}
-	return r.cfg.Lease.Run(ctx, func(held context.Context) error {
-		if ru == nil { // a term after the first: a pipeline of its own
-			var err error
-			if ru, err = r.nextRun(); err != nil {
-				return err
-			}
-		}
+	err := r.cfg.Lease.Run(ctx, func(held context.Context) error {
 		err := r.lead(held, ru)
-		ru = nil
-		if errors.Is(context.Cause(held), ErrLeaseLost) {
+		// The next term's pipeline, current at once: AddWorker and
+		// RemoveWorker between terms go to it.
+		next, nerr := r.nextRun()
+		ru = next
+		switch {
+		case nerr != nil:
+			return nerr
+		case errors.Is(context.Cause(held), ErrLeaseLost):
 			r.stats.leaseLost.Add(1)
 			return nil // wait to hold the lease again
 		}
 		return err
 	})
+	if ru != nil { // made for a term that never came
+		ru.p.Shutdown(context.WithoutCancel(ctx))
+		ru.endSettling(context.WithoutCancel(ctx))
+	}
+	return err
 }
 
 // lead runs the relay's pipelines from ru on until ctx ends.
@@ -426,7 +431,7 @@ func (ru *run) finish(ctx context.Context) {
 	}
 	<-ru.done
 	ru.stop()
-	ru.resetting.Wait() // after the workers: none can start a reset now
+	ru.resetting.Wait() // after the workers, before the settlers stop
 	ru.endSettling(sctx)
 }
 
@@ -444,6 +449,7 @@ func (ru *run) endSettling(ctx context.Context) {
 	}
 	ru.stopSettling()
 	ru.settlers.Wait()
+	ru.resetting.Wait() // a settler may have started one; none can now
 }
 
 var errPipelineStopped = errors.New("relay: pipeline stopped")
@@ -577,7 +583,8 @@ func (ru *run) after(ctx context.Context, subject string, seq uint64) ([]stored,
 		return nil, nil
 	}
 	cons, err := ru.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject},
-		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: seq + 1, HeadersOnly: true})
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: seq + 1, HeadersOnly: true,
+		InactiveThreshold: 5 * time.Second})
 	if err != nil {
 		return nil, fmt.Errorf("relay: reading %s after %d: %w", subject, seq, err)
 	}
@@ -598,15 +605,16 @@ func (ru *run) after(ctx context.Context, subject string, seq uint64) ([]stored,
 				return nil, fmt.Errorf("relay: reading %s after %d: %w", subject, seq, err)
 			}
 			out = append(out, stored{id: m.Headers().Get(jetstream.MsgIDHeader), seq: md.Sequence.Stream})
-			if md.Sequence.Stream >= last.Sequence {
+			if md.Sequence.Stream >= last.Sequence || md.NumPending == 0 {
 				return out, nil
 			}
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
 			return nil, fmt.Errorf("relay: reading %s after %d: %w", subject, seq, err)
 		}
-		if n == 0 { // the last one went (trimmed or deleted) meanwhile
-			return out, nil
+		if n == 0 {
+			// Short, the replay would send again what the stream holds.
+			return nil, fmt.Errorf("relay: reading %s after %d: no message within a second, %d read, more pending", subject, seq, len(out))
 		}
 	}
 }
