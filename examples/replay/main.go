@@ -228,10 +228,13 @@ func run(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	drainEngines(engines)
 	settle(r.p, engines)
 	wall := time.Since(start)
+	// Read before the stop: a batch a stopping worker cannot hand to its
+	// shard is dropped, and its held-block counts with it.
+	total := r.p.Stats().Total()
 	if err := r.stop(); err != nil {
 		return err
 	}
-	return report(stdout, o, source, reqs[:routed], engines, r.p.Stats().Total(), wall) // the counters outlive the run
+	return report(stdout, o, source, reqs[:routed], engines, total, wall)
 }
 
 // startEngines starts o.workers simulated engines for a trace of n requests.
