@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/natstest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -601,5 +602,101 @@ func TestRestoredWorkerPartsFromTheStream(t *testing.T) {
 	}
 	if err := sameBlocks(rr2.Pipeline(), r); err != nil {
 		t.Error(err)
+	}
+}
+
+// A worker removed and added again within the stream's Duplicates window
+// makes, from its engine's start, the same ops as its first run: its new
+// messages go on from its removal's id, so the server keeps them (none is
+// taken for a copy of the first run's) and every router ends with it.
+func TestWorkerRemovedAndAddedAgain(t *testing.T) {
+	t.Parallel()
+	_, js := startServer(t)
+	s := testSettings()
+	a, b := newEngine(t, "a"), newEngine(t, "b")
+	reqs := trace(200, 4)
+	rr := startRelay(t, js, relayConfig(s), a, b)
+	r := startRouter(t, js, s)
+	a.serve(reqs[:100])
+	b.serve(reqs[100:])
+	relayed(t, rr, a, b)
+	caughtUp(t, js, s, r)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := rr.RemoveWorker(ctx, a.name); err != nil {
+		t.Fatal(err)
+	}
+	if err := rr.AddWorker(a.name, a.config()); err != nil {
+		t.Fatal(err)
+	}
+	relayed(t, rr, a, b)
+	caughtUp(t, js, s, r)
+	if err := exact(r.p, a, b); err != nil {
+		t.Error(err)
+	}
+	if err := sameBlocks(rr.Pipeline(), r); err != nil {
+		t.Error(err)
+	}
+	if st := rr.Stats(); st.Duplicates != 0 || st.Resets != 0 {
+		t.Errorf("relay %+v: want no duplicate and no reset", st)
+	}
+}
+
+// NATS is down when a worker is removed, for longer than the pipeline
+// waits for the removal, and the worker is added again before NATS comes
+// back. The removal still goes into the stream before anything of the
+// worker's new run, so every router ends with the worker, as its engine
+// holds it.
+func TestWorkerAddedAgainBeforeItsRemovalIsStored(t *testing.T) {
+	t.Parallel()
+	srv, js := startServer(t)
+	s := testSettings()
+	a, b := newEngine(t, "a"), newEngine(t, "b")
+	reqs := trace(300, 3)
+	rr := startRelay(t, js, relayConfig(s), a, b)
+	r := startRouter(t, js, s)
+	a.serve(reqs[:100])
+	b.serve(reqs[100:200])
+	relayed(t, rr, a, b)
+	caughtUp(t, js, s, r)
+
+	srv.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := rr.RemoveWorker(ctx, a.name); err != nil { // returns once the pipeline stops waiting
+		t.Fatal(err)
+	}
+	if err := rr.AddWorker(a.name, a.config()); err != nil {
+		t.Fatal(err)
+	}
+	a.serve(reqs[200:])
+	time.Sleep(200 * time.Millisecond) // the new run's first messages made, and retrying
+	srv.StartAgain()
+	relayed(t, rr, a, b)
+	caughtUp(t, js, s, r)
+	if err := exact(r.p, a, b); err != nil {
+		t.Error(err)
+	}
+	if err := sameBlocks(rr.Pipeline(), r); err != nil {
+		t.Error(err)
+	}
+	// a's subject: its first run, one removal, then its second run.
+	var kinds []string
+	forEachMessage(t, js, s, func(m *jetstream.RawStreamMsg) {
+		if m.Subject != s.Subject(a.name) {
+			return
+		}
+		ops, _, err := DecodeMessage(m.Data, nil)
+		if err != nil {
+			t.Fatalf("message %d: %v", m.Sequence, err)
+		}
+		if len(ops) == 1 && ops[0].Kind == index.OpRemoveWorker {
+			kinds = append(kinds, "removal")
+		} else if len(kinds) == 0 || kinds[len(kinds)-1] == "removal" {
+			kinds = append(kinds, "run")
+		}
+	})
+	if got := strings.Join(kinds, " "); got != "run removal run" {
+		t.Errorf("a's messages in the stream: %s, want run removal run", got)
 	}
 }

@@ -41,8 +41,13 @@ type pubState struct {
 
 	queue chan entry    // to the settler, in the order made
 	slots chan struct{} // one per unsettled entry: the window
-	free  chan []byte   // message buffers the settler is done with
-	exit  chan struct{} // closed when the settler returns
+	// leaving takes the worker's removal, its last message, outside the
+	// window: it is handed over even when the window is full, and the
+	// settler sends it after every entry made before it.
+	leaving chan entry
+	removed atomic.Bool   // the removal is made: nothing more of this incarnation
+	free    chan []byte   // message buffers the settler is done with
+	exit    chan struct{} // closed when the settler returns
 
 	last atomic.Uint64 // the stream sequence of its last settled message
 	// quiet: parted from the stream, it publishes nothing until its whole
@@ -88,20 +93,49 @@ type stored struct {
 var errParted = errors.New("relay: the worker parted from the stream and is being reset")
 
 // state returns worker's publishing state, made (with its settler) on
-// first use.
-func (ru *run) state(worker string) *pubState {
-	ru.mu.Lock()
-	defer ru.mu.Unlock()
-	ps := ru.pubs[worker]
-	if ps == nil {
-		tok := Token(worker)
-		n := ru.r.window
-		ps = &pubState{token: tok, subject: ru.r.cfg.Settings.Prefix + "." + tok, lineage: freshLineage(tok), fresh: true,
-			queue: make(chan entry, n), slots: make(chan struct{}, n), free: make(chan []byte, n), exit: make(chan struct{})}
-		ru.pubs[worker] = ps
-		ru.settlers.Go(func() { ru.settle(worker, ps) })
+// first use. A worker added again after its removal waits until the
+// stream holds that removal, which every router would otherwise apply
+// after the new incarnation's first messages; false when ctx ends first.
+func (ru *run) state(ctx context.Context, worker string) (*pubState, bool) {
+	for {
+		ru.mu.Lock()
+		ps := ru.pubs[worker]
+		if ps == nil {
+			tok := Token(worker)
+			lin, again := ru.gone[worker]
+			if !again {
+				lin = freshLineage(tok)
+			}
+			delete(ru.gone, worker)
+			n := ru.r.window
+			ps = &pubState{token: tok, subject: ru.r.cfg.Settings.Prefix + "." + tok, lineage: lin, fresh: true,
+				queue: make(chan entry, n), slots: make(chan struct{}, n), leaving: make(chan entry, 1),
+				free: make(chan []byte, n), exit: make(chan struct{})}
+			ru.pubs[worker] = ps
+			ru.settlers.Go(func() { ru.settle(worker, ps) })
+		}
+		ru.mu.Unlock()
+		if !ps.removed.Load() {
+			return ps, true
+		}
+		select {
+		case <-ps.exit:
+		case <-ctx.Done():
+			return nil, false
+		}
+		ru.mu.Lock()
+		if ru.pubs[worker] == ps { // its settler stopped before the removal settled
+			ru.forget(worker, ps)
+		}
+		ru.mu.Unlock()
 	}
-	return ps
+}
+
+// forget drops a removed worker's state, keeping its lineage for the
+// worker added again; ru.mu is held.
+func (ru *run) forget(worker string, ps *pubState) {
+	delete(ru.pubs, worker)
+	ru.gone[worker] = ps.lineage
 }
 
 // publish is the pipeline's Publish: it makes ops into one message, sends
@@ -111,7 +145,11 @@ func (ru *run) state(worker string) *pubState {
 // has it.
 func (ru *run) publish(ctx context.Context, worker string, ops []index.Op, o actor.Origin) uint64 {
 	r := ru.r
-	ps := ru.state(worker)
+	ps, ok := ru.state(ctx, worker)
+	if !ok {
+		r.stats.abandoned.Add(1)
+		return 0
+	}
 	removal := len(ops) == 1 && ops[0].Kind == index.OpRemoveWorker
 	var msg []byte
 	select {
@@ -141,12 +179,7 @@ func (ru *run) publish(ctx context.Context, worker string, ops []index.Op, o act
 	e := entry{id: string(ps.id), msg: msg, removal: removal}
 	switch {
 	case removal:
-		ps.expect = nil // it goes, whatever it had to make again
-		defer func() {
-			ru.mu.Lock()
-			delete(ru.pubs, worker) // added again, it starts afresh
-			ru.mu.Unlock()
-		}()
+		return ru.remove(ctx, ps, &e)
 	case ps.quiet.Load() && (!o.Whole || ops[0].Kind != index.OpClearWorker):
 		return ps.last.Load()
 	case ps.quiet.Load():
@@ -167,21 +200,30 @@ func (ru *run) publish(ctx context.Context, worker string, ops []index.Op, o act
 		r.stats.replayed.Add(1)
 		e = entry{replayed: true, seq: x.seq}
 	}
-	var settled chan settledAt
-	if removal {
-		settled = make(chan settledAt, 1)
-		e.settled = settled
-	}
 	if !ru.enqueue(ctx, ps, &e) {
 		r.stats.abandoned.Add(1)
+	}
+	return ps.last.Load()
+}
+
+// remove hands the worker's removal to its settler and waits, while ctx
+// lasts, until the stream has it. Should ctx end first, the settler goes
+// on sending it; the state stays until then, so that the worker added
+// again waits for it (state).
+func (ru *run) remove(ctx context.Context, ps *pubState, e *entry) uint64 {
+	ps.expect = nil // it goes, whatever it had to make again
+	ps.removed.Store(true)
+	if ru.settleCtx.Err() != nil {
+		ru.r.stats.abandoned.Add(1)
 		return ps.last.Load()
 	}
-	if removal {
-		select {
-		case <-settled:
-		case <-ctx.Done():
-		case <-ps.exit:
-		}
+	settled := make(chan settledAt, 1)
+	e.settled = settled
+	ps.leaving <- *e // never blocks: a worker is removed once
+	select {
+	case <-settled:
+	case <-ctx.Done():
+	case <-ps.exit:
 	}
 	return ps.last.Load()
 }
@@ -208,10 +250,7 @@ func (ru *run) enqueue(ctx context.Context, ps *pubState, e *entry) bool {
 		return false
 	}
 	ps.unsettled++
-	// A removal waits for the settler to send it, after every message
-	// before it is stored: sent at once, it could be stored before one of
-	// them sent again, and the worker would come back in every router.
-	if e.msg != nil && !ps.retrying && !e.removal {
+	if e.msg != nil && !ps.retrying {
 		m := &nats.Msg{Subject: ps.subject, Data: e.msg, Header: nats.Header{jetstream.MsgIDHeader: []string{e.id}}}
 		// An error leaves fut nil: the settler sends it. e.msg is reused
 		// once settled: nats.go copies Data when it sends, and keeps the
@@ -227,7 +266,11 @@ func (ru *run) enqueue(ctx context.Context, ps *pubState, e *entry) bool {
 // flush is the pipeline's Flush: it waits until every message the worker
 // made is settled and returns the stream sequence of the last.
 func (ru *run) flush(ctx context.Context, worker string) (uint64, error) {
-	return ru.flushState(ctx, ru.state(worker))
+	ps, ok := ru.state(ctx, worker)
+	if !ok {
+		return 0, context.Cause(ctx)
+	}
+	return ru.flushState(ctx, ps)
 }
 
 func (ru *run) flushState(ctx context.Context, ps *pubState) (uint64, error) {
@@ -252,12 +295,24 @@ func (ru *run) flushState(ctx context.Context, ps *pubState) (uint64, error) {
 func (ru *run) settle(worker string, ps *pubState) {
 	defer close(ps.exit)
 	r := ru.r
+	var removal *entry // taken, and sent once the queue is empty
 	for {
 		var e entry
-		select {
-		case e = <-ps.queue:
-		case <-ru.settleCtx.Done():
-			return
+		switch {
+		case len(ps.queue) > 0:
+			e = <-ps.queue
+		case removal != nil:
+			e = *removal
+		default:
+			select {
+			case e = <-ps.queue:
+			case x := <-ps.leaving:
+				// Whatever was made before it is in the queue by now.
+				removal = &x
+				continue
+			case <-ru.settleCtx.Done():
+				return
+			}
 		}
 		var err error
 		switch {
@@ -294,6 +349,13 @@ func (ru *run) settle(worker string, ps *pubState) {
 			default:
 			}
 		}
+		if e.removal {
+			ru.mu.Lock()
+			ru.forget(worker, ps)
+			ru.mu.Unlock()
+			e.settled <- settledAt{seq: ps.last.Load(), err: err}
+			return
+		}
 		ps.mu.Lock()
 		if ps.unsettled--; ps.unsettled == 0 {
 			ps.retrying = false // nothing older is left to overtake
@@ -302,9 +364,6 @@ func (ru *run) settle(worker string, ps *pubState) {
 		<-ps.slots
 		if e.settled != nil {
 			e.settled <- settledAt{seq: ps.last.Load(), err: err}
-		}
-		if e.removal {
-			return
 		}
 	}
 }

@@ -222,10 +222,14 @@ type run struct {
 
 	mu   sync.Mutex
 	pubs map[string]*pubState
+	// gone holds the lineage of each worker removed in this run, past its
+	// removal: added again, it goes on from there, or its new messages
+	// would be taken for copies of its first ones and dropped.
+	gone map[string]lineage
 }
 
 func (r *Relay) newRun() (*run, error) {
-	ru := &run{r: r, pubs: map[string]*pubState{}}
+	ru := &run{r: r, pubs: map[string]*pubState{}, gone: map[string]lineage{}}
 	ru.settleCtx, ru.stopSettling = context.WithCancel(context.Background())
 	pc := r.cfg.Pipeline
 	pc.Publish, pc.Flush = ru.publish, ru.flush
@@ -253,7 +257,9 @@ func (r *Relay) AddWorker(name string, wc supervisor.WorkerConfig) error {
 }
 
 // RemoveWorker stops a worker, as Pipeline.RemoveWorker does; its last
-// message, one OpRemoveWorker, removes it from every follower.
+// message, one OpRemoveWorker, removes it from every follower. That
+// message is sent until the stream has it, even past the pipeline's wait
+// for it, and a worker added again under the name waits for it.
 func (r *Relay) RemoveWorker(ctx context.Context, name string) error {
 	r.mu.Lock()
 	if _, ok := r.workers[name]; !ok {
@@ -534,7 +540,10 @@ func (ru *run) setUp(ctx context.Context) error {
 	r.stats.restored.Store(uint64(len(s.Workers)))
 	for i := range s.Workers {
 		w := &s.Workers[i]
-		ps := ru.state(string(w.Name))
+		ps, ok := ru.state(ctx, string(w.Name))
+		if !ok {
+			return context.Cause(ctx)
+		}
 		ps.fresh = false
 		ps.last.Store(w.StreamSeq)
 		ps.lineage = ru.lineageAt(ctx, ps, w.StreamSeq)
