@@ -35,7 +35,12 @@ type Op struct {
 type Batch struct {
 	Worker WorkerID
 	Ops    []Op
-	Return chan<- *Batch   // nil: the shard drops the batch after applying it
+	Return chan<- *Batch // nil: the shard drops the batch after applying it
+	// Held, when set, is kept by the shard as the worker's blocks per tier
+	// (a store adds one, a remove of a block the worker holds takes one): the
+	// count of a worker whose ops are made elsewhere (a relay's follower),
+	// which may remove blocks it never stored here.
+	Held   *[NumTiers]atomic.Int64
 	synced chan<- struct{} // a Sync marker, not ops
 }
 
@@ -170,6 +175,14 @@ func (s *Shards) Close() {
 	})
 }
 
+// count sets b.Held to what the index holds of b's worker per tier, now
+// that b is applied.
+func (sh *shard) count(b *Batch) {
+	for t := range Tier(NumTiers) {
+		b.Held[t].Store(int64(sh.ix.heldIn(b.Worker, t)))
+	}
+}
+
 func (sh *shard) run() {
 	for b := range sh.in {
 		sh.apply(b)
@@ -195,6 +208,9 @@ func (sh *shard) apply(b *Batch) {
 		case OpRemoveWorker:
 			ix.RemoveWorker(b.Worker)
 		}
+	}
+	if b.Held != nil {
+		sh.count(b)
 	}
 	sh.nodes[TierDevice].Store(int64(ix.Nodes()))
 	if ix.lowerSet.Load() != 0 {

@@ -384,8 +384,9 @@ type writer struct {
 }
 
 type holder struct {
-	slot int
-	held [NumTiers]map[uint64]int32 // per tier, hash -> how many engine blocks map to it; a lower tier's nil until used
+	slot  int
+	held  [NumTiers]map[uint64]int32 // per tier, hash -> how many engine blocks map to it; a lower tier's nil until used
+	count [NumTiers]int              // per tier, the sum of held's counts
 }
 
 func newWriter(capacity int) *writer {
@@ -478,6 +479,7 @@ func (w *writer) StoreTier(id WorkerID, tier Tier, k uint64) {
 	}
 	n := held[k]
 	held[k] = n + 1
+	h.count[tier]++
 	if n == 0 {
 		w.set(w.ix(tier), k, h.slot)
 	}
@@ -498,10 +500,21 @@ func (w *writer) RemoveTier(id WorkerID, tier Tier, k uint64) {
 		w.unknownRemoves++
 	case n > 1:
 		held[k] = n - 1
+		h.count[tier]--
 	default:
 		delete(held, k)
+		h.count[tier]--
 		w.unset(w.ix(tier), k, h.slot)
 	}
+}
+
+// heldIn is how many engine blocks of the worker's map to keys it holds in
+// tier: its stores less its removes of blocks it held, since its last clear.
+func (w *writer) heldIn(id WorkerID, tier Tier) int {
+	if h := w.holders[id]; h != nil {
+		return h.count[tier]
+	}
+	return 0
 }
 
 // ClearWorker clears the worker in every tier. It keeps the worker's slot
@@ -523,6 +536,7 @@ func (w *writer) ClearTier(id WorkerID, tier Tier) {
 		w.unset(x, k, h.slot)
 	}
 	clear(h.held[tier])
+	h.count[tier] = 0
 }
 
 // RemoveWorker clears the worker and frees its slot for a later generation.

@@ -33,10 +33,13 @@ type Feed struct {
 // fedWorker is what the pipeline knows of a Source's worker: written by the
 // Source's goroutine, read by scrapes and the read path.
 type fedWorker struct {
-	partial    atomic.Bool
-	batches    atomic.Uint64
-	stored     atomic.Uint64
-	removed    atomic.Uint64
+	partial atomic.Bool
+	batches atomic.Uint64
+	stored  atomic.Uint64
+	removed atomic.Uint64
+	// tierBlocks is kept by the shard (index.Batch.Held): a Source's worker
+	// may remove blocks it never stored here (it joined its stream late),
+	// which only the index can tell.
 	tierBlocks [index.NumTiers]atomic.Int64
 }
 
@@ -49,21 +52,13 @@ func (f *fedWorker) stats() actor.Stats {
 	return st
 }
 
-// count keeps the worker's counters as the shard will see op.
+// count keeps the worker's op counters.
 func (f *fedWorker) count(op index.Op) {
 	switch op.Kind {
 	case index.OpStore:
 		f.stored.Add(1)
-		f.tierBlocks[op.Tier].Add(1)
 	case index.OpRemove:
 		f.removed.Add(1)
-		f.tierBlocks[op.Tier].Add(-1)
-	case index.OpClearTier:
-		f.tierBlocks[op.Tier].Store(0)
-	case index.OpClearWorker:
-		for t := range f.tierBlocks {
-			f.tierBlocks[t].Store(0)
-		}
 	}
 }
 
@@ -106,7 +101,7 @@ func (f *Feed) send(ctx context.Context, w *worker, partial bool, ops []index.Op
 	}
 	queue := f.p.shards.Load().Queue(w.id)
 	for part := ops[:n]; len(part) > 0; part = part[min(len(part), maxFedOps):] {
-		b := &index.Batch{Worker: w.id, Ops: append([]index.Op(nil), part[:min(len(part), maxFedOps)]...)}
+		b := &index.Batch{Worker: w.id, Ops: append([]index.Op(nil), part[:min(len(part), maxFedOps)]...), Held: &w.fed.tierBlocks}
 		select {
 		case queue <- b:
 		case <-ctx.Done():

@@ -314,6 +314,42 @@ func TestSourceFeedsTheIndex(t *testing.T) {
 	}
 }
 
+// A Source's worker that joined its stream late removes blocks it never
+// stored here: its held-block counts are what the index holds, not its
+// stores less its removes.
+func TestSourceWorkerCountsWhatItHolds(t *testing.T) {
+	src := source{ops: make(chan fedOps)}
+	p := startPipeline(t, Config{Source: src})
+	var h index.Hasher
+	keys := h.Prompt(nil, prompt(2, 6), 16) // 6 keys
+	op := func(kind index.OpKind, tier index.Tier, i int) index.Op {
+		return index.Op{Kind: kind, Tier: tier, Hash: keys[i]}
+	}
+	for _, c := range []struct {
+		name         string
+		ops          []index.Op
+		device, host int64
+	}{
+		{"stores", []index.Op{op(index.OpStore, 0, 0), op(index.OpStore, 0, 1), op(index.OpStore, 0, 2), op(index.OpStore, index.TierHost, 3)}, 3, 1},
+		{"removes of blocks never stored", []index.Op{op(index.OpRemove, 0, 4), op(index.OpRemove, 0, 5), op(index.OpRemove, index.TierHost, 0)}, 3, 1},
+		{"a remove of a block held", []index.Op{op(index.OpRemove, 0, 0)}, 2, 1},
+		{"one key stored twice, removed once", []index.Op{op(index.OpStore, 0, 1), op(index.OpRemove, 0, 1)}, 2, 1},
+		{"the host tier cleared", []index.Op{{Kind: index.OpClearTier, Tier: index.TierHost}, op(index.OpRemove, index.TierHost, 3)}, 2, 0},
+		{"cleared, then a store", []index.Op{{Kind: index.OpClearWorker}, op(index.OpRemove, 0, 1), op(index.OpStore, 0, 5)}, 1, 0},
+	} {
+		if err := src.apply(t, "late", true, c.ops...); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Sync(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		w, ok := p.Stats().Worker("late")
+		if tb := w.Actor.TierBlocks; !ok || tb[index.TierDevice] != c.device || tb[index.TierHost] != c.host || w.Actor.IndexedBlocks != c.device {
+			t.Errorf("after %s: %+v, want %d on device and %d in host", c.name, w.Actor, c.device, c.host)
+		}
+	}
+}
+
 // Publish sees each worker's ops before its shard, and a removed worker's
 // OpRemoveWorker last; a snapshot records what it last returned.
 func TestPublishHook(t *testing.T) {
