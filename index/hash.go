@@ -24,6 +24,12 @@ type Hasher struct{ buf []byte }
 
 // TokenHash is the seeded xxh3-64 of one block's tokens.
 func (h *Hasher) TokenHash(tokens []uint32) uint64 {
+	switch n := len(tokens); {
+	case n == 16:
+		return block16Hash((*[16]uint32)(tokens))
+	case n > 4 && n <= 32:
+		return tokensHash(tokens)
+	}
 	b := h.buf[:0]
 	for _, t := range tokens {
 		b = binary.LittleEndian.AppendUint32(b, t)
@@ -37,10 +43,7 @@ func Chain(parent uint64, hasParent bool, th uint64) uint64 {
 	if !hasParent {
 		return th
 	}
-	var b [16]byte
-	binary.LittleEndian.PutUint64(b[:8], parent)
-	binary.LittleEndian.PutUint64(b[8:], th)
-	return xxh3.HashSeed(b[:], Seed)
+	return pairHash(parent, th)
 }
 
 // Block returns the key of one block of tokens under parent (a root when hasParent is false).
@@ -53,9 +56,29 @@ func (h *Hasher) Block(parent uint64, hasParent bool, tokens []uint32) uint64 {
 // is RequestKeys for a request on the base model, with no salt and no
 // multimodal input.
 func (h *Hasher) Prompt(dst []uint64, tokens []uint32, blockSize int) []uint64 {
+	if blockSize == 16 {
+		return prompt16(dst, tokens)
+	}
 	var parent uint64
 	for i := 0; i+blockSize <= len(tokens); i += blockSize {
 		parent = h.Block(parent, i > 0, tokens[i:i+blockSize])
+		dst = append(dst, parent)
+	}
+	return dst
+}
+
+// prompt16 is Prompt of 16-token blocks. A block's token hash does not
+// depend on the chain, so the CPU overlaps it with the previous block's
+// Chain.
+func prompt16(dst []uint64, tokens []uint32) []uint64 {
+	var parent uint64
+	for i := 0; i+16 <= len(tokens); i += 16 {
+		th := block16Hash((*[16]uint32)(tokens[i : i+16]))
+		if i == 0 {
+			parent = th
+		} else {
+			parent = pairHash(parent, th)
+		}
 		dst = append(dst, parent)
 	}
 	return dst
