@@ -23,10 +23,18 @@ const (
 // Op is one change to a worker's blocks, by router hash. The zero Tier is
 // TierDevice, so an Op without one means a device block; an op with a Tier
 // from NumTiers on is ignored.
+//
+// A store may say where its block sits in a chain (Link, and Parent for a
+// LinkChild), as the router hashed it: the parent's key, the key before
+// Hash in a prompt's keys. A worker whose device stores all say so, and
+// whose engine holds every block's parent, is answered by jump search
+// (see Link); ops without links are answered exactly as well, key by key.
 type Op struct {
-	Kind OpKind
-	Tier Tier
-	Hash uint64
+	Kind   OpKind
+	Tier   Tier
+	Link   Link
+	Hash   uint64
+	Parent uint64 // with LinkChild: the key Hash is chained from
 }
 
 // Batch carries one worker's ops to its shard, in order. The shard hands
@@ -196,18 +204,7 @@ func (sh *shard) apply(b *Batch) {
 	}
 	ix := sh.ix
 	for _, op := range b.Ops {
-		switch op.Kind {
-		case OpStore:
-			ix.StoreTier(b.Worker, op.Tier, op.Hash)
-		case OpRemove:
-			ix.RemoveTier(b.Worker, op.Tier, op.Hash)
-		case OpClearWorker:
-			ix.ClearWorker(b.Worker)
-		case OpClearTier:
-			ix.ClearTier(b.Worker, op.Tier)
-		case OpRemoveWorker:
-			ix.RemoveWorker(b.Worker)
-		}
+		ix.apply(b.Worker, op)
 	}
 	if b.Held != nil {
 		sh.count(b)

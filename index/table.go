@@ -76,6 +76,7 @@ type table struct {
 	data    []atomic.Uint64 // cap+1 entries of stride words: key, then bitset; entry cap is key 0's
 	slots   []atomic.Uint32 // device tables: bitset slot -> WorkerID, as of this version
 	taken   []atomic.Uint64 // device tables: bit s set once slots[s] maps a worker in this version
+	closed  []atomic.Uint64 // device tables: bit s set while slot s's worker is closed (writer.setClosed)
 	gen     uint64          // the writer's slot generation when this version was made
 	shift   uint            // 64 - log2(cap)
 	mask    int             // cap - 1
@@ -130,33 +131,55 @@ func (t *table) held(e int) bool {
 }
 
 // match appends the score of every worker of this version holding at least
-// hashes[0]. Each key's bitset is loaded once per chunk of words.
-func (t *table) match(dst []Score, hashes []uint64) []Score {
+// hashes[0]. A closed worker's score is found by jump search, the others'
+// key by key; should a worker be opened meanwhile (opened moves), the
+// chunk is read again key by key. Each key's bitset is loaded once per
+// chunk of words.
+func (t *table) match(dst []Score, hashes []uint64, opened *atomic.Uint64) []Score {
 	for c := 0; c < t.words; c += chunk {
-		dst = t.matchChunk(dst, hashes, c, min(chunk, t.words-c))
+		n, start := min(chunk, t.words-c), len(dst)
+		o := opened.Load() // before the closed masks: see writer.setClosed
+		var jumped bool
+		if dst, jumped = t.matchChunk(dst, hashes, c, n, true); jumped && opened.Load() != o {
+			dst, _ = t.matchChunk(dst[:start], hashes, c, n, false)
+		}
 	}
 	return dst
 }
 
-func (t *table) matchChunk(dst []Score, hashes []uint64, c, n int) []Score {
+// matchChunk scores words c to c+n: with jump, closed workers by jump
+// search (reporting whether there were any), the others key by key.
+func (t *table) matchChunk(dst []Score, hashes []uint64, c, n int, jump bool) ([]Score, bool) {
 	var active [chunk]uint64 // the workers holding every key so far
 	e := t.find(hashes[0])
 	if e < 0 {
-		return dst
+		return dst, false
 	}
 	var any uint64
+	jumped := false
 	for j := range n {
 		active[j] = t.data[e+1+c+j].Load()
+		if jump {
+			if set := active[j] & t.closed[c+j].Load(); set != 0 {
+				dst, jumped = t.jump(dst, hashes, c+j, set), true
+				active[j] &^= set
+			}
+		}
 		any |= active[j]
 	}
 	if any == 0 {
-		return dst
+		return dst, jumped
 	}
-	// Keys are looked up a group at a time before their bitsets are read:
-	// the lookups are independent, so the CPU overlaps their cache misses,
-	// which are most of a long prompt's cost (a static table's p99 lookup,
-	// 3,500 keys on the trace, took a third less time than one key at a
-	// time). Up to lookahead-1 lookups past the end of a match are wasted.
+	return t.scan(dst, hashes, c, n, &active), jumped
+}
+
+// scan scores the workers of active, each holding hashes[0], key by key.
+// Keys are looked up a group at a time before their bitsets are read: the
+// lookups are independent, so the CPU overlaps their cache misses, which
+// are most of a long prompt's cost (a static table's p99 lookup, 3,500 keys
+// on the trace, took a third less time than one key at a time). Up to
+// lookahead-1 lookups past the end of a match are wasted.
+func (t *table) scan(dst []Score, hashes []uint64, c, n int, active *[chunk]uint64) []Score {
 	var ents [lookahead]int
 	for i := 1; i < len(hashes); {
 		g := min(lookahead, len(hashes)-i)
@@ -165,7 +188,7 @@ func (t *table) matchChunk(dst []Score, hashes []uint64, c, n int) []Score {
 		}
 		for k := 0; k < g; k, i = k+1, i+1 {
 			e := ents[k]
-			any = 0
+			var any uint64
 			for j := range n {
 				var m uint64
 				if e >= 0 {
@@ -186,6 +209,71 @@ func (t *table) matchChunk(dst []Score, hashes []uint64, c, n int) []Score {
 		dst = t.emit(dst, active[j], c+j, len(hashes))
 	}
 	return dst
+}
+
+const (
+	// jumpStep is how many keys jump skips at a time, and jumpAhead how
+	// many of those checkpoints it looks up at once.
+	jumpStep  = 32
+	jumpAhead = 8
+)
+
+// bits is word w of k's bitset, 0 if no worker holds k.
+func (t *table) bits(k uint64, w int) uint64 {
+	if e := t.find(k); e >= 0 {
+		return t.data[e+1+w].Load()
+	}
+	return 0
+}
+
+// jump scores the workers of set, in word w, all holding hashes[0] and
+// closed: each holds the keys up to its score and none after, so it is
+// enough to read every jumpStep-th key, and to bisect the last step of a
+// worker that dropped out in it. The checkpoints are looked up jumpAhead
+// at a time, so that their cache misses overlap.
+func (t *table) jump(dst []Score, hashes []uint64, w int, set uint64) []Score {
+	last := len(hashes) - 1
+	var at [jumpAhead]int
+	var got [jumpAhead]uint64
+	for lo := 0; set != 0 && lo < last; {
+		g := 0
+		for p := lo + jumpStep; g < jumpAhead; p += jumpStep {
+			at[g] = min(p, last)
+			g++
+			if p >= last {
+				break
+			}
+		}
+		for k := range g {
+			got[k] = t.bits(hashes[at[k]], w)
+		}
+		for k := 0; k < g && set != 0; k++ {
+			m := set & got[k]
+			if gone := set &^ m; gone != 0 {
+				dst = t.bisect(dst, hashes, w, gone, lo, at[k])
+			}
+			set, lo = m, at[k]
+		}
+	}
+	return t.emit(dst, set, w, len(hashes))
+}
+
+// bisect scores the workers of gone, in word w, each holding hashes[lo]
+// and not hashes[hi], and closed: each one's score is where it drops out.
+func (t *table) bisect(dst []Score, hashes []uint64, w int, gone uint64, lo, hi int) []Score {
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		m := gone & t.bits(hashes[mid], w)
+		if m == gone {
+			lo = mid
+			continue
+		}
+		if m != 0 {
+			dst = t.bisect(dst, hashes, w, m, mid, hi)
+		}
+		gone, hi = gone&^m, mid
+	}
+	return t.emit(dst, gone, w, hi)
 }
 
 // emit appends a score of blocks for every worker in word w's set bits: a
@@ -212,7 +300,7 @@ func matchTiers(dst []Score, hashes []uint64, ts *[NumTiers]*table) []Score {
 }
 
 // matchTiersChunk walks the keys once, looking each up in every tier's
-// table (lookahead at a time, as matchChunk does), and keeps per tier t the
+// table (lookahead at a time, as scan does), and keeps per tier t the
 // workers holding every key so far each in a tier <= t: a worker dropping
 // out of tier t's set at key i scores Tiers[t] = i. Those sets only shrink,
 // and tier NumTiers-1's holds the others, so the walk ends when it empties.
@@ -220,96 +308,23 @@ func matchTiers(dst []Score, hashes []uint64, ts *[NumTiers]*table) []Score {
 // appended then, in slot order, and filled in as they drop out: a slot's
 // Score is found by counting the scored slots below it.
 func matchTiersChunk(dst []Score, hashes []uint64, ts *[NumTiers]*table, c, n int) []Score {
-	d := ts[0]
-	var (
-		act   [NumTiers][chunk]uint64
-		mask  [chunk]uint64 // the slots d maps: lower-tier bits of other slots are ignored
-		first [chunk]uint64 // the workers scored
-		rank  [chunk]int    // index in dst of word j's first scored worker
-		ents  [NumTiers][lookahead]int
-	)
-	for t, tb := range ts {
-		if tb == nil {
-			for k := range ents[t] {
-				ents[t][k] = -1
-			}
-		} else {
-			ents[t][0] = tb.find(hashes[0])
-		}
-	}
-	var any uint64
-	for j := range n {
-		// After the pins, before any bit: see the memory order above.
-		mask[j] = d.taken[c+j].Load()
-		var u uint64
-		if e := ents[0][0]; e >= 0 {
-			u = d.data[e+1+c+j].Load()
-		}
-		act[0][j] = u
-		for t := 1; t < NumTiers; t++ {
-			if e := ents[t][0]; e >= 0 {
-				u |= ts[t].data[e+1+c+j].Load() & mask[j]
-			}
-			act[t][j] = u
-		}
-		first[j] = u
-		any |= u
-	}
-	if any == 0 {
+	m := tierWalk{ts: ts, c: c, n: n}
+	if !m.start(hashes[0]) {
 		return dst
 	}
 	base := len(dst)
 	for j := range n {
-		rank[j] = len(dst)
-		for set := first[j]; set != 0; set &= set - 1 {
+		m.rank[j] = len(dst) - base
+		for set := m.first[j]; set != 0; set &= set - 1 {
 			b := bits.TrailingZeros64(set)
-			dst = append(dst, Score{Worker: WorkerID(d.slots[(c+j)*64+b].Load())})
+			dst = append(dst, Score{Worker: WorkerID(ts[0].slots[(c+j)*64+b].Load())})
 		}
 	}
 	scores := dst[base:]
-	end := len(hashes)
-walk:
-	for i := 1; i < len(hashes); {
-		g := min(lookahead, len(hashes)-i)
-		for t, tb := range ts {
-			if tb != nil {
-				for k := range g {
-					ents[t][k] = tb.find(hashes[i+k])
-				}
-			}
-		}
-		for k := 0; k < g; k, i = k+1, i+1 {
-			any = 0
-			for j := range n {
-				var u uint64
-				if e := ents[0][k]; e >= 0 {
-					u = d.data[e+1+c+j].Load()
-				}
-				for t := range NumTiers {
-					if t > 0 {
-						if e := ents[t][k]; e >= 0 {
-							u |= ts[t].data[e+1+c+j].Load() & mask[j]
-						}
-					}
-					a := act[t][j]
-					m := a & u
-					if gone := a &^ m; gone != 0 {
-						record(scores, gone, first[j], rank[j]-base, t, i)
-					}
-					act[t][j] = m
-				}
-				any |= act[NumTiers-1][j]
-			}
-			if any == 0 {
-				end = -1 // every worker has dropped out of every tier
-				break walk
-			}
-		}
-	}
-	if end >= 0 {
+	if end, all := m.walk(scores, hashes); !all {
 		for j := range n {
 			for t := range NumTiers {
-				record(scores, act[t][j], first[j], rank[j]-base, t, end)
+				record(scores, m.act[t][j], m.first[j], m.rank[j], t, end)
 			}
 		}
 	}
@@ -317,6 +332,89 @@ walk:
 		scores[i].Blocks = scores[i].Tiers[TierDevice]
 	}
 	return dst
+}
+
+// tierWalk is matchTiersChunk's state over words c to c+n.
+type tierWalk struct {
+	ts    *[NumTiers]*table
+	c, n  int
+	act   [NumTiers][chunk]uint64
+	mask  [chunk]uint64 // the slots ts[0] maps: lower-tier bits of other slots are ignored
+	first [chunk]uint64 // the workers scored
+	rank  [chunk]int    // index in the scores of word j's first scored worker
+	ents  [NumTiers][lookahead]int
+}
+
+// start reads the first key's holders, and reports whether there are any.
+func (m *tierWalk) start(k uint64) bool {
+	for t, tb := range m.ts {
+		if tb == nil {
+			for i := range m.ents[t] {
+				m.ents[t][i] = -1
+			}
+		} else {
+			m.ents[t][0] = tb.find(k)
+		}
+	}
+	var any uint64
+	for j := range m.n {
+		// After the pins, before any bit: see the memory order above.
+		m.mask[j] = m.ts[0].taken[m.c+j].Load()
+		var u uint64
+		for t := range NumTiers {
+			if e := m.ents[t][0]; e >= 0 {
+				w := m.ts[t].data[e+1+m.c+j].Load()
+				if t > 0 {
+					w &= m.mask[j]
+				}
+				u |= w
+			}
+			m.act[t][j] = u
+		}
+		m.first[j] = u
+		any |= u
+	}
+	return any != 0
+}
+
+// walk reads keys 1 on, recording in scores where workers drop out of each
+// tier; it returns the count of keys walked, and all when every worker has
+// dropped out of every tier (nothing left to record).
+func (m *tierWalk) walk(scores []Score, hashes []uint64) (end int, all bool) {
+	for i := 1; i < len(hashes); {
+		g := min(lookahead, len(hashes)-i)
+		for t, tb := range m.ts {
+			if tb != nil {
+				for k := range g {
+					m.ents[t][k] = tb.find(hashes[i+k])
+				}
+			}
+		}
+		for k := 0; k < g; k, i = k+1, i+1 {
+			var any uint64
+			for j := range m.n {
+				var u uint64
+				if e := m.ents[0][k]; e >= 0 {
+					u = m.ts[0].data[e+1+m.c+j].Load()
+				}
+				for t := range NumTiers {
+					if e := m.ents[t][k]; t > 0 && e >= 0 {
+						u |= m.ts[t].data[e+1+m.c+j].Load() & m.mask[j]
+					}
+					a := m.act[t][j]
+					if gone := a &^ u; gone != 0 {
+						record(scores, gone, m.first[j], m.rank[j], t, i)
+					}
+					m.act[t][j] = a & u
+				}
+				any |= m.act[NumTiers-1][j]
+			}
+			if any == 0 {
+				return i, true
+			}
+		}
+	}
+	return len(hashes), false
 }
 
 // record sets Tiers[t] = blocks in the Score of every worker of gone, a
@@ -359,382 +457,4 @@ func (x *tierIx) publish(nt *table) {
 	x.cur.Store(nt) // everything written to nt before happens before a reader's pin
 	x.spare = x.t   // an older spare that take could not reuse goes to the GC, readers or not
 	x.t = nt
-}
-
-// writer is a shard's index: the device tier's, each lower tier's once its
-// first block is stored, and what only the shard goroutine touches. Its ops
-// mean what Tree's do.
-type writer struct {
-	tierIx // the device tier
-	// lower[t-1] is tier t's index, nil until its first store, so that an
-	// index without offload pays one atomic load per lookup for tiers.
-	lower    [NumTiers - 1]atomic.Pointer[tierIx]
-	lowerSet atomic.Uint32 // bit t-1 set once lower[t-1] is published
-	capacity int           // a lower tier's first table's entries
-	gen      uint64        // the slot generation: see the memory order above
-
-	holders  map[WorkerID]*holder
-	owner    []WorkerID // slot -> worker, where taken
-	taken    []bool
-	free     []int // slots that t may hand out: no version since their last owner's shows its bits
-	retiring []int // slots freed in this generation: free from the next one on
-
-	unknownRemoves uint64
-	made           int // tables allocated: the steady state reuses the spares
-}
-
-type holder struct {
-	slot  int
-	held  [NumTiers]map[uint64]int32 // per tier, hash -> how many engine blocks map to it; a lower tier's nil until used
-	count [NumTiers]int              // per tier, the sum of held's counts
-}
-
-func newWriter(capacity int) *writer {
-	w := &writer{holders: make(map[WorkerID]*holder), capacity: capacity}
-	w.addSlots(1)
-	w.t = w.take(&w.tierIx, capacity, 1)
-	w.cur.Store(w.t)
-	return w
-}
-
-// FindMatches is Tree.FindMatches on the current versions, safe from any
-// goroutine concurrently with the writer.
-func (w *writer) FindMatches(dst []Score, hashes []uint64) []Score {
-	if len(hashes) == 0 {
-		return dst
-	}
-	if w.lowerSet.Load() != 0 {
-		var ts [NumTiers]*table
-		w.pinTiers(&ts)
-		dst = matchTiers(dst, hashes, &ts)
-		for _, t := range ts {
-			if t != nil {
-				unpin(t)
-			}
-		}
-		return dst
-	}
-	t := w.pin()
-	dst = t.match(dst, hashes)
-	unpin(t)
-	return dst
-}
-
-// pinTiers pins the current version of every tier into ts (nil for a tier
-// without a table), all of one slot generation. Lock-free: it retries only
-// if a version was published between its loads, and a new generation's are
-// published back to back.
-func (w *writer) pinTiers(ts *[NumTiers]*table) {
-	for {
-		d := w.pin()
-		ts[0] = d
-		same := true
-		for i := range w.lower {
-			ts[i+1] = nil
-			if x := w.lower[i].Load(); x != nil {
-				t := x.pin()
-				ts[i+1] = t
-				same = same && t.gen == d.gen && t.words == d.words
-			}
-		}
-		if same {
-			return
-		}
-		for _, t := range ts {
-			if t != nil {
-				unpin(t)
-			}
-		}
-	}
-}
-
-// Nodes is the number of blocks some worker holds on device.
-func (w *writer) Nodes() int { return w.live }
-
-// TierNodes is the number of blocks some worker holds in tier.
-func (w *writer) TierNodes(tier Tier) int {
-	if tier == TierDevice {
-		return w.live
-	}
-	if tier < NumTiers {
-		if x := w.lower[tier-1].Load(); x != nil {
-			return x.live
-		}
-	}
-	return 0
-}
-
-func (w *writer) Store(id WorkerID, k uint64)  { w.StoreTier(id, TierDevice, k) }
-func (w *writer) Remove(id WorkerID, k uint64) { w.RemoveTier(id, TierDevice, k) }
-
-func (w *writer) StoreTier(id WorkerID, tier Tier, k uint64) {
-	if tier >= NumTiers {
-		return
-	}
-	h := w.holder(id)
-	held := h.held[tier]
-	if held == nil {
-		held = make(map[uint64]int32)
-		h.held[tier] = held
-	}
-	n := held[k]
-	held[k] = n + 1
-	h.count[tier]++
-	if n == 0 {
-		w.set(w.ix(tier), k, h.slot)
-	}
-}
-
-func (w *writer) RemoveTier(id WorkerID, tier Tier, k uint64) {
-	if tier >= NumTiers {
-		return
-	}
-	h := w.holders[id]
-	if h == nil {
-		w.unknownRemoves++
-		return
-	}
-	held := h.held[tier]
-	switch n := held[k]; {
-	case n == 0:
-		w.unknownRemoves++
-	case n > 1:
-		held[k] = n - 1
-		h.count[tier]--
-	default:
-		delete(held, k)
-		h.count[tier]--
-		w.unset(w.ix(tier), k, h.slot)
-	}
-}
-
-// heldIn is how many engine blocks of the worker's map to keys it holds in
-// tier: its stores less its removes of blocks it held, since its last clear.
-func (w *writer) heldIn(id WorkerID, tier Tier) int {
-	if h := w.holders[id]; h != nil {
-		return h.count[tier]
-	}
-	return 0
-}
-
-// ClearWorker clears the worker in every tier. It keeps the worker's slot
-// and maps: an engine that cleared its cache fills it again.
-func (w *writer) ClearWorker(id WorkerID) {
-	for tier := range Tier(NumTiers) {
-		w.ClearTier(id, tier)
-	}
-}
-
-// ClearTier clears the worker's blocks in tier alone.
-func (w *writer) ClearTier(id WorkerID, tier Tier) {
-	h := w.holders[id]
-	if h == nil || tier >= NumTiers || len(h.held[tier]) == 0 {
-		return
-	}
-	x := w.ix(tier)
-	for k := range h.held[tier] {
-		w.unset(x, k, h.slot)
-	}
-	clear(h.held[tier])
-	h.count[tier] = 0
-}
-
-// RemoveWorker clears the worker and frees its slot for a later generation.
-func (w *writer) RemoveWorker(id WorkerID) {
-	h := w.holders[id]
-	if h == nil {
-		return
-	}
-	w.ClearWorker(id)
-	delete(w.holders, id)
-	w.taken[h.slot] = false
-	w.retiring = append(w.retiring, h.slot)
-}
-
-// ix returns tier's index, creating a lower tier's on its first store.
-func (w *writer) ix(tier Tier) *tierIx {
-	if tier == TierDevice {
-		return &w.tierIx
-	}
-	if x := w.lower[tier-1].Load(); x != nil {
-		return x
-	}
-	x := &tierIx{}
-	// Of the device's width and generation: pinTiers takes it with the
-	// device's current version.
-	x.t = w.take(x, w.capacity, w.t.words)
-	x.cur.Store(x.t)
-	w.lower[tier-1].Store(x) // after its first version: a reader that loads x pins a whole one
-	w.lowerSet.Store(w.lowerSet.Load() | 1<<(tier-1))
-	return x
-}
-
-// holder returns id's state, giving it a slot on its first store.
-func (w *writer) holder(id WorkerID) *holder {
-	if h := w.holders[id]; h != nil {
-		return h
-	}
-	if len(w.free) == 0 {
-		words := w.t.words
-		if len(w.retiring) == 0 {
-			words++
-			w.addSlots(words)
-		}
-		w.rebuildAll(words) // a new generation, where the retiring slots are free
-	}
-	s := w.free[len(w.free)-1]
-	w.free = w.free[:len(w.free)-1]
-	w.owner[s], w.taken[s] = id, true
-	w.t.slots[s].Store(uint32(id)) // before any of its bits
-	tw := &w.t.taken[s>>6]
-	tw.Store(tw.Load() | 1<<(s&63)) // after the slot, before any bit
-	h := &holder{slot: s}
-	h.held[TierDevice] = make(map[uint64]int32)
-	w.holders[id] = h
-	return h
-}
-
-// addSlots extends the slot bookkeeping to words bitset words.
-func (w *writer) addSlots(words int) {
-	lo, hi := len(w.owner), words*64
-	w.owner = append(w.owner, make([]WorkerID, hi-lo)...)
-	w.taken = append(w.taken, make([]bool, hi-lo)...)
-	for s := hi - 1; s >= lo; s-- { // the lowest slot is handed out first
-		w.free = append(w.free, s)
-	}
-}
-
-func (w *writer) set(x *tierIx, k uint64, slot int) {
-	t := x.t
-	e, found := t.place(k)
-	if !found && x.used+1 > (t.mask+1)/4*3 {
-		w.grow(x)
-		t = x.t
-		e, found = t.place(k)
-	}
-	word := &t.data[e+1+slot>>6]
-	if !found {
-		word.Store(1 << (slot & 63))
-		t.data[e].Store(k) // after the bits: see the memory order above
-		x.used++
-		x.live++
-		return
-	}
-	if !t.held(e) {
-		x.live++
-	}
-	word.Store(word.Load() | 1<<(slot&63))
-}
-
-func (w *writer) unset(x *tierIx, k uint64, slot int) {
-	t := x.t
-	e := t.find(k) // held, so present
-	word := &t.data[e+1+slot>>6]
-	word.Store(word.Load() &^ (1 << (slot & 63)))
-	if !t.held(e) {
-		x.live--
-	}
-}
-
-// grow gives x's full table a new version. Without lower tiers that is a
-// new generation too, freeing the retiring slots, as it always was; with
-// them, only a new version of every tier can.
-func (w *writer) grow(x *tierIx) {
-	if w.lowerSet.Load() == 0 {
-		w.rebuildAll(x.t.words)
-		return
-	}
-	x.publish(w.build(x, x.t.words))
-}
-
-// rebuildAll publishes a new version of every tier's table, of words bitset
-// words, in a new slot generation, and then frees the retiring slots. The
-// versions are all built before any is published, so that readers see the
-// generations disagree only between back-to-back stores.
-func (w *writer) rebuildAll(words int) {
-	w.gen++
-	var nts [NumTiers]*table
-	nts[0] = w.build(&w.tierIx, words)
-	for i := range w.lower {
-		if x := w.lower[i].Load(); x != nil {
-			nts[i+1] = w.build(x, words)
-		}
-	}
-	w.publish(nts[0])
-	for i := range w.lower {
-		if nts[i+1] != nil {
-			w.lower[i].Load().publish(nts[i+1])
-		}
-	}
-	w.free = append(w.free, w.retiring...)
-	w.retiring = w.retiring[:0]
-}
-
-// build returns an unpublished version of x's table, of words bitset words,
-// holding its held entries, at least half empty. x's used counts it.
-func (w *writer) build(x *tierIx, words int) *table {
-	old := x.t
-	capacity := old.mask + 1
-	for (x.live+1)*2 > capacity {
-		capacity *= 2
-	}
-	nt := w.take(x, capacity, words)
-	x.used = 0
-	for i := 0; i <= old.mask; i++ {
-		e := i * old.stride
-		k := old.data[e].Load()
-		if k == 0 || !old.held(e) {
-			continue
-		}
-		ne, _ := nt.place(k)
-		for j := 1; j <= old.words; j++ {
-			nt.data[ne+j].Store(old.data[e+j].Load())
-		}
-		nt.data[ne].Store(k)
-		x.used++
-	}
-	oz, nz := (old.mask+1)*old.stride, (nt.mask+1)*nt.stride
-	for j := 1; j <= old.words; j++ {
-		nt.data[nz+j].Store(old.data[oz+j].Load())
-	}
-	if x == &w.tierIx {
-		for s, ok := range w.taken {
-			if ok {
-				nt.slots[s].Store(uint32(w.owner[s]))
-				tw := &nt.taken[s>>6]
-				tw.Store(tw.Load() | 1<<(s&63))
-			}
-		}
-	}
-	return nt
-}
-
-// take returns an empty unpublished table of x, in the current generation:
-// x's spare if no reader holds it and it is big enough, or a new one. It
-// never waits for readers: one still reading a version unpublished a whole
-// rebuild ago is rare, and then the writer allocates. Only the device's
-// tables map slots: a reader maps every tier's bits with them.
-func (w *writer) take(x *tierIx, capacity, words int) *table {
-	need, nslots, ntaken := (capacity+1)*(1+words), 0, 0
-	if x == &w.tierIx {
-		nslots, ntaken = words*64, words
-	}
-	var t *table
-	// The spare is unpublished: a reader that counts itself in from now on
-	// fails pin's re-check and reads nothing, until it is published again.
-	if r := x.spare; r != nil && r.readers.Load() == 0 && cap(r.data) >= need && cap(r.slots) >= nslots && cap(r.taken) >= ntaken {
-		x.spare, t = nil, r
-		t.data = t.data[:need]
-		clear(t.data)
-		t.slots = t.slots[:nslots]
-		t.taken = t.taken[:ntaken]
-		clear(t.taken)
-	}
-	if t == nil {
-		t = &table{data: make([]atomic.Uint64, need), slots: make([]atomic.Uint32, nslots), taken: make([]atomic.Uint64, ntaken)}
-		w.made++
-	}
-	t.shift = uint(64 - bits.TrailingZeros(uint(capacity)))
-	t.mask, t.words, t.stride, t.gen = capacity-1, words, 1+words, w.gen
-	return t
 }

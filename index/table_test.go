@@ -346,7 +346,7 @@ func TestPinnedVersionIsNeitherRecycledNorRemapped(t *testing.T) {
 			t.Fatal("a pinned version was recycled and published again")
 		}
 	}
-	if got := old.match(nil, []uint64{1000 + 7}); !slices.Equal(got, []Score{dev(7, 1)}) {
+	if got := old.match(nil, []uint64{1000 + 7}, &w.opened); !slices.Equal(got, []Score{dev(7, 1)}) {
 		t.Fatalf("the pinned version now answers %v for worker 7's block", got)
 	}
 	unpin(old)

@@ -1,0 +1,490 @@
+package index
+
+import (
+	"math/bits"
+	"sync/atomic"
+)
+
+// writer is a shard's index: the device tier's, each lower tier's once its
+// first block is stored, and what only the shard goroutine touches. Its ops
+// mean what Tree's do.
+//
+// Closed workers. A worker is closed while every device block it holds is a
+// root or has its parent (by the ops' links) on device too: along a prompt
+// whose keys chain as the links say, it then holds the keys up to its score
+// and none after, which lets a reader jump (table.jump). The writer keeps
+// each worker's orphan count (chains) and the device version's closed mask
+// (setClosed): a change that can leave a worker with orphans opens it
+// first, and only then changes its bits; the worker is closed again once it
+// has none. opened counts the openings: a reader that saw it unchanged from
+// before it loaded the closed masks to after its last read knows that no
+// worker it jumped over was opened meanwhile.
+type writer struct {
+	tierIx // the device tier
+	// lower[t-1] is tier t's index, nil until its first store, so that an
+	// index without offload pays one atomic load per lookup for tiers.
+	lower    [NumTiers - 1]atomic.Pointer[tierIx]
+	lowerSet atomic.Uint32 // bit t-1 set once lower[t-1] is published
+	opened   atomic.Uint64
+	capacity int    // a lower tier's first table's entries
+	gen      uint64 // the slot generation: see the memory order in table.go
+
+	holders  map[WorkerID]*holder
+	owner    []WorkerID // slot -> worker, where taken
+	taken    []bool
+	free     []int // slots that t may hand out: no version since their last owner's shows its bits
+	retiring []int // slots freed in this generation: free from the next one on
+
+	unknownRemoves uint64
+	made           int // tables allocated: the steady state reuses the spares
+}
+
+type holder struct {
+	slot   int
+	dev    chains                     // the device blocks
+	held   [NumTiers]map[uint64]int32 // lower tiers: hash -> how many engine blocks map to it; nil until used
+	count  [NumTiers]int              // per tier, the engine blocks held (the sum of the references)
+	closed bool                       // as the device version's closed mask says
+}
+
+func newWriter(capacity int) *writer {
+	w := &writer{holders: make(map[WorkerID]*holder), capacity: capacity}
+	w.addSlots(1)
+	w.t = w.take(&w.tierIx, capacity, 1)
+	w.cur.Store(w.t)
+	return w
+}
+
+// FindMatches is Tree.FindMatches on the current versions, safe from any
+// goroutine concurrently with the writer.
+func (w *writer) FindMatches(dst []Score, hashes []uint64) []Score {
+	if len(hashes) == 0 {
+		return dst
+	}
+	if w.lowerSet.Load() != 0 {
+		var ts [NumTiers]*table
+		w.pinTiers(&ts)
+		dst = matchTiers(dst, hashes, &ts)
+		for _, t := range ts {
+			if t != nil {
+				unpin(t)
+			}
+		}
+		return dst
+	}
+	t := w.pin()
+	dst = t.match(dst, hashes, &w.opened)
+	unpin(t)
+	return dst
+}
+
+// pinTiers pins the current version of every tier into ts (nil for a tier
+// without a table), all of one slot generation. Lock-free: it retries only
+// if a version was published between its loads, and a new generation's are
+// published back to back.
+func (w *writer) pinTiers(ts *[NumTiers]*table) {
+	for {
+		d := w.pin()
+		ts[0] = d
+		same := true
+		for i := range w.lower {
+			ts[i+1] = nil
+			if x := w.lower[i].Load(); x != nil {
+				t := x.pin()
+				ts[i+1] = t
+				same = same && t.gen == d.gen && t.words == d.words
+			}
+		}
+		if same {
+			return
+		}
+		for _, t := range ts {
+			if t != nil {
+				unpin(t)
+			}
+		}
+	}
+}
+
+// Nodes is the number of blocks some worker holds on device.
+func (w *writer) Nodes() int { return w.live }
+
+// TierNodes is the number of blocks some worker holds in tier.
+func (w *writer) TierNodes(tier Tier) int {
+	if tier == TierDevice {
+		return w.live
+	}
+	if tier < NumTiers {
+		if x := w.lower[tier-1].Load(); x != nil {
+			return x.live
+		}
+	}
+	return 0
+}
+
+// apply applies one op of worker id.
+func (w *writer) apply(id WorkerID, op Op) {
+	switch op.Kind {
+	case OpStore:
+		w.store(id, op)
+	case OpRemove:
+		w.remove(id, op.Tier, op.Hash)
+	case OpClearWorker:
+		w.ClearWorker(id)
+	case OpClearTier:
+		w.ClearTier(id, op.Tier)
+	case OpRemoveWorker:
+		w.RemoveWorker(id)
+	}
+}
+
+func (w *writer) store(id WorkerID, op Op) {
+	if op.Tier >= NumTiers {
+		return
+	}
+	h := w.holder(id)
+	h.count[op.Tier]++
+	k := op.Hash
+	if op.Tier == TierDevice {
+		if h.dev.store(k, op.Link, op.Parent) {
+			w.setClosed(h, false, h.dev.orphans > 0) // before the bit
+			w.set(&w.tierIx, k, h.slot)
+			w.setClosed(h, true, h.dev.orphans == 0)
+		}
+		return
+	}
+	held := h.held[op.Tier]
+	if held == nil {
+		held = make(map[uint64]int32)
+		h.held[op.Tier] = held
+	}
+	n := held[k]
+	held[k] = n + 1
+	if n == 0 {
+		w.set(w.ix(op.Tier), k, h.slot)
+	}
+}
+
+func (w *writer) remove(id WorkerID, tier Tier, k uint64) {
+	if tier >= NumTiers {
+		return
+	}
+	h := w.holders[id]
+	if h == nil {
+		w.unknownRemoves++
+		return
+	}
+	if tier == TierDevice {
+		known, last := h.dev.remove(k)
+		switch {
+		case !known:
+			w.unknownRemoves++
+		case last:
+			h.count[tier]--
+			w.setClosed(h, false, h.dev.orphans > 0) // before the bit
+			w.unset(&w.tierIx, k, h.slot)
+			w.setClosed(h, true, h.dev.orphans == 0)
+		default:
+			h.count[tier]--
+		}
+		return
+	}
+	held := h.held[tier]
+	switch n := held[k]; {
+	case n == 0:
+		w.unknownRemoves++
+	case n > 1:
+		held[k] = n - 1
+		h.count[tier]--
+	default:
+		delete(held, k)
+		h.count[tier]--
+		w.unset(w.ix(tier), k, h.slot)
+	}
+}
+
+// setClosed closes (to true) or opens the worker, if cond and it is not so
+// already. Opening clears its bit before counting in opened, and both come
+// before the change of bits that needed them: a reader that loads opened,
+// then the mask, and sees a bit changed after, sees opened moved.
+func (w *writer) setClosed(h *holder, to, cond bool) {
+	if !cond || h.closed == to {
+		return
+	}
+	h.closed = to
+	cw := &w.t.closed[h.slot>>6]
+	if to {
+		cw.Store(cw.Load() | 1<<(h.slot&63))
+		return
+	}
+	cw.Store(cw.Load() &^ (1 << (h.slot & 63)))
+	w.opened.Add(1)
+}
+
+// heldIn is how many engine blocks of the worker's map to keys it holds in
+// tier: its stores less its removes of blocks it held, since its last clear.
+func (w *writer) heldIn(id WorkerID, tier Tier) int {
+	if h := w.holders[id]; h != nil {
+		return h.count[tier]
+	}
+	return 0
+}
+
+// ClearWorker clears the worker in every tier. It keeps the worker's slot
+// and maps: an engine that cleared its cache fills it again.
+func (w *writer) ClearWorker(id WorkerID) {
+	for tier := range Tier(NumTiers) {
+		w.ClearTier(id, tier)
+	}
+}
+
+// ClearTier clears the worker's blocks in tier alone.
+func (w *writer) ClearTier(id WorkerID, tier Tier) {
+	h := w.holders[id]
+	if h == nil || tier >= NumTiers || h.count[tier] == 0 && (tier != TierDevice || len(h.dev.at) == 0) {
+		return
+	}
+	h.count[tier] = 0
+	if tier == TierDevice {
+		w.setClosed(h, false, true) // its blocks go in no particular order
+		for k, i := range h.dev.at {
+			if h.dev.recs[i].refs > 0 {
+				w.unset(&w.tierIx, k, h.slot)
+			}
+		}
+		h.dev.reset()
+		w.setClosed(h, true, true)
+		return
+	}
+	x := w.ix(tier)
+	for k := range h.held[tier] {
+		w.unset(x, k, h.slot)
+	}
+	clear(h.held[tier])
+}
+
+// RemoveWorker clears the worker and frees its slot for a later generation.
+func (w *writer) RemoveWorker(id WorkerID) {
+	h := w.holders[id]
+	if h == nil {
+		return
+	}
+	w.ClearWorker(id)
+	delete(w.holders, id)
+	w.taken[h.slot] = false
+	w.retiring = append(w.retiring, h.slot)
+}
+
+// ix returns tier's index, creating a lower tier's on its first store.
+func (w *writer) ix(tier Tier) *tierIx {
+	if tier == TierDevice {
+		return &w.tierIx
+	}
+	if x := w.lower[tier-1].Load(); x != nil {
+		return x
+	}
+	x := &tierIx{}
+	// Of the device's width and generation: pinTiers takes it with the
+	// device's current version.
+	x.t = w.take(x, w.capacity, w.t.words)
+	x.cur.Store(x.t)
+	w.lower[tier-1].Store(x) // after its first version: a reader that loads x pins a whole one
+	w.lowerSet.Store(w.lowerSet.Load() | 1<<(tier-1))
+	return x
+}
+
+// holder returns id's state, giving it a slot on its first store.
+func (w *writer) holder(id WorkerID) *holder {
+	if h := w.holders[id]; h != nil {
+		return h
+	}
+	if len(w.free) == 0 {
+		words := w.t.words
+		if len(w.retiring) == 0 {
+			words++
+			w.addSlots(words)
+		}
+		w.rebuildAll(words) // a new generation, where the retiring slots are free
+	}
+	s := w.free[len(w.free)-1]
+	w.free = w.free[:len(w.free)-1]
+	w.owner[s], w.taken[s] = id, true
+	w.t.slots[s].Store(uint32(id)) // before any of its bits
+	tw := &w.t.taken[s>>6]
+	tw.Store(tw.Load() | 1<<(s&63)) // after the slot, before any bit
+	h := &holder{slot: s, dev: newChains()}
+	w.setClosed(h, true, true) // nothing held: closed
+	w.holders[id] = h
+	return h
+}
+
+// addSlots extends the slot bookkeeping to words bitset words.
+func (w *writer) addSlots(words int) {
+	lo, hi := len(w.owner), words*64
+	w.owner = append(w.owner, make([]WorkerID, hi-lo)...)
+	w.taken = append(w.taken, make([]bool, hi-lo)...)
+	for s := hi - 1; s >= lo; s-- { // the lowest slot is handed out first
+		w.free = append(w.free, s)
+	}
+}
+
+func (w *writer) set(x *tierIx, k uint64, slot int) {
+	t := x.t
+	e, found := t.place(k)
+	if !found && x.used+1 > (t.mask+1)/4*3 {
+		w.grow(x)
+		t = x.t
+		e, found = t.place(k)
+	}
+	word := &t.data[e+1+slot>>6]
+	if !found {
+		word.Store(1 << (slot & 63))
+		t.data[e].Store(k) // after the bits: see the memory order in table.go
+		x.used++
+		x.live++
+		return
+	}
+	if !t.held(e) {
+		x.live++
+	}
+	word.Store(word.Load() | 1<<(slot&63))
+}
+
+func (w *writer) unset(x *tierIx, k uint64, slot int) {
+	t := x.t
+	e := t.find(k) // held, so present
+	word := &t.data[e+1+slot>>6]
+	word.Store(word.Load() &^ (1 << (slot & 63)))
+	if !t.held(e) {
+		x.live--
+	}
+}
+
+// grow gives x's full table a new version. Without lower tiers that is a
+// new generation too, freeing the retiring slots, as it always was; with
+// them, only a new version of every tier can.
+func (w *writer) grow(x *tierIx) {
+	if w.lowerSet.Load() == 0 {
+		w.rebuildAll(x.t.words)
+		return
+	}
+	x.publish(w.build(x, x.t.words))
+}
+
+// rebuildAll publishes a new version of every tier's table, of words bitset
+// words, in a new slot generation, and then frees the retiring slots. The
+// versions are all built before any is published, so that readers see the
+// generations disagree only between back-to-back stores.
+func (w *writer) rebuildAll(words int) {
+	w.gen++
+	var nts [NumTiers]*table
+	nts[0] = w.build(&w.tierIx, words)
+	for i := range w.lower {
+		if x := w.lower[i].Load(); x != nil {
+			nts[i+1] = w.build(x, words)
+		}
+	}
+	w.publish(nts[0])
+	for i := range w.lower {
+		if nts[i+1] != nil {
+			w.lower[i].Load().publish(nts[i+1])
+		}
+	}
+	w.free = append(w.free, w.retiring...)
+	w.retiring = w.retiring[:0]
+}
+
+// build returns an unpublished version of x's table, of words bitset words,
+// holding its held entries, at least half empty. x's used counts it. A
+// device version maps the taken slots, and marks the closed workers'.
+func (w *writer) build(x *tierIx, words int) *table {
+	old := x.t
+	capacity := old.mask + 1
+	for (x.live+1)*2 > capacity {
+		capacity *= 2
+	}
+	nt := w.take(x, capacity, words)
+	x.used = copyHeld(nt, old)
+	if x == &w.tierIx {
+		for s, ok := range w.taken {
+			if ok {
+				nt.slots[s].Store(uint32(w.owner[s]))
+				setBit(nt.taken, s)
+				if w.holders[w.owner[s]].closed {
+					setBit(nt.closed, s)
+				}
+			}
+		}
+	}
+	return nt
+}
+
+// take returns an empty unpublished table of x, in the current generation:
+// x's spare if no reader holds it and it is big enough, or a new one.
+func (w *writer) take(x *tierIx, capacity, words int) *table {
+	t, made := x.take(capacity, words, x == &w.tierIx, w.gen)
+	if made {
+		w.made++
+	}
+	return t
+}
+
+func setBit(ws []atomic.Uint64, s int) {
+	w := &ws[s>>6]
+	w.Store(w.Load() | 1<<(s&63))
+}
+
+// copyHeld copies old's held entries, and key 0's, into the empty nt of at
+// least as many words, and returns how many it copied (key 0's aside).
+func copyHeld(nt, old *table) (used int) {
+	for i := 0; i <= old.mask; i++ {
+		e := i * old.stride
+		k := old.data[e].Load()
+		if k == 0 || !old.held(e) {
+			continue
+		}
+		ne, _ := nt.place(k)
+		for j := 1; j <= old.words; j++ {
+			nt.data[ne+j].Store(old.data[e+j].Load())
+		}
+		nt.data[ne].Store(k)
+		used++
+	}
+	oz, nz := (old.mask+1)*old.stride, (nt.mask+1)*nt.stride
+	for j := 1; j <= old.words; j++ {
+		nt.data[nz+j].Store(old.data[oz+j].Load())
+	}
+	return used
+}
+
+// take returns an empty unpublished table: the spare if no reader holds it
+// and it is big enough, or a new one (made). It never waits for readers:
+// one still reading a version unpublished a whole rebuild ago is rare, and
+// then the writer allocates. Only the device's tables (device) map slots:
+// a reader maps every tier's bits with them.
+func (x *tierIx) take(capacity, words int, device bool, gen uint64) (t *table, made bool) {
+	need, nslots, nwords := (capacity+1)*(1+words), 0, 0
+	if device {
+		nslots, nwords = words*64, words
+	}
+	// The spare is unpublished: a reader that counts itself in from now on
+	// fails pin's re-check and reads nothing, until it is published again.
+	if r := x.spare; r != nil && r.readers.Load() == 0 && cap(r.data) >= need && cap(r.slots) >= nslots && cap(r.taken) >= nwords && cap(r.closed) >= nwords {
+		x.spare, t = nil, r
+		t.data = t.data[:need]
+		clear(t.data)
+		t.slots = t.slots[:nslots]
+		t.taken = t.taken[:nwords]
+		clear(t.taken)
+		t.closed = t.closed[:nwords]
+		clear(t.closed)
+	}
+	if t == nil {
+		t = &table{data: make([]atomic.Uint64, need), slots: make([]atomic.Uint32, nslots),
+			taken: make([]atomic.Uint64, nwords), closed: make([]atomic.Uint64, nwords)}
+		made = true
+	}
+	t.shift = uint(64 - bits.TrailingZeros(uint(capacity)))
+	t.mask, t.words, t.stride, t.gen = capacity-1, words, 1+words, gen
+	return t, made
+}
