@@ -473,7 +473,7 @@ func (a *Actor) clearTier(t index.Tier) {
 	if t == index.TierDevice {
 		a.fullSeen = false
 	}
-	a.emit(index.OpClearTier, t, 0)
+	a.emit(index.Op{Kind: index.OpClearTier, Tier: t})
 }
 
 // forget drops ext from the mapping, and its split keys' slot.
@@ -496,7 +496,7 @@ func (a *Actor) unindex() {
 	}
 	a.gen++
 	a.fullSeen = false
-	a.emit(index.OpClearWorker, 0, 0)
+	a.emit(index.Op{Kind: index.OpClearWorker})
 }
 
 func (a *Actor) store(e *codec.Event) {
@@ -571,6 +571,10 @@ func (a *Actor) store(e *codec.Event) {
 	unit := bs / k
 	ext, extParent := e.ParentHash, e.HasParent
 	for i := range n {
+		link, linkParent := index.LinkRoot, parent // the block's first router key's
+		if hasParent {
+			link = index.LinkChild
+		}
 		var extra uint64
 		if i < len(e.BlockExtra) {
 			extra = e.BlockExtra[i]
@@ -603,7 +607,7 @@ func (a *Actor) store(e *codec.Event) {
 				b.split = a.slot(a.keys[:k-1])
 			}
 			a.routerOf[h] = b
-			a.emitKeys(index.OpStore, t, b)
+			a.emitLinked(index.OpStore, t, b, link, linkParent)
 		}
 		ext, extParent = h, true
 	}
@@ -658,7 +662,11 @@ func (a *Actor) hold(h uint64, b block, t index.Tier) bool {
 	b.gen, b.tiers = a.gen, held|bit(t)
 	a.routerOf[h] = b
 	a.usedTiers |= bit(t)
-	a.emitKeys(index.OpStore, t, b)
+	link, parent := index.LinkNone, uint64(0)
+	if t == index.TierDevice {
+		link, parent = linkOf(a.routerOf, b)
+	}
+	a.emitLinked(index.OpStore, t, b, link, parent)
 	return true
 }
 
@@ -672,13 +680,32 @@ func (a *Actor) keysOf(b block) int {
 
 // emitKeys sends one op for each router key of b, first to last.
 func (a *Actor) emitKeys(kind index.OpKind, t index.Tier, b block) {
+	a.emitLinked(kind, t, b, index.LinkNone, 0)
+}
+
+// emitLinked is emitKeys with b's first key's link (index.Op.Link): the
+// keys after it are chained from the one before.
+func (a *Actor) emitLinked(kind index.OpKind, t index.Tier, b block, link index.Link, parent uint64) {
 	if b.split >= 0 {
 		n := a.splitK - 1
 		for _, k := range a.splitKeys[int(b.split)*n : int(b.split+1)*n] {
-			a.emit(kind, t, k)
+			a.emit(index.Op{Kind: kind, Tier: t, Hash: k, Link: link, Parent: parent})
+			link, parent = index.LinkChild, k
 		}
 	}
-	a.emit(kind, t, b.key)
+	a.emit(index.Op{Kind: kind, Tier: t, Hash: b.key, Link: link, Parent: parent})
+}
+
+// linkOf is the link of b's first router key: its engine parent's last
+// router key, as far as the mapping knows it.
+func linkOf(routerOf map[uint64]block, b block) (index.Link, uint64) {
+	if !b.hasParent {
+		return index.LinkRoot, 0
+	}
+	if p, ok := routerOf[b.parent]; ok {
+		return index.LinkChild, p.key
+	}
+	return index.LinkNone, 0
 }
 
 // reindex puts the block ext and its ancestors back on device where an
@@ -759,7 +786,8 @@ func (a *Actor) room(n int) {
 	}
 }
 
-func (a *Actor) emit(kind index.OpKind, t index.Tier, h uint64) {
+func (a *Actor) emit(op index.Op) {
+	kind, t := op.Kind, op.Tier
 	if a.out == nil {
 		a.out = a.take()
 	}
@@ -775,7 +803,7 @@ func (a *Actor) emit(kind index.OpKind, t index.Tier, h uint64) {
 	case index.OpClearTier:
 		a.stats.TierBlocks[t].Store(0)
 	}
-	a.out.Ops = append(a.out.Ops, index.Op{Kind: kind, Tier: t, Hash: h})
+	a.out.Ops = append(a.out.Ops, op)
 }
 
 func (a *Actor) zeroHeld() {
