@@ -34,6 +34,7 @@ type workload struct {
 	prompts        [][]uint64
 	events, blocks int
 	bytes          int
+	live           int // (block, worker) memberships the engines hold at the end
 }
 
 var (
@@ -68,6 +69,9 @@ func load(b *testing.B) *workload {
 			f := codec.AppendBatch(nil, &codec.Batch{TS: float64(r.TimestampMs) / 1000, Events: evs}, codec.CurrentVLLM)
 			w.bytes += len(f)
 			w.frames[wk] = append(w.frames[wk], f)
+		}
+		for _, e := range engines {
+			w.live += e.Len()
 		}
 		loaded = w
 	})
@@ -278,4 +282,47 @@ func BenchmarkLoopback(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkIndexMemory: the live heap, after GC, that the index (2 shards)
+// and the 8 workers' actors (their engine hash -> router key mappings)
+// take once the workload is applied, per (block, worker) membership the
+// engines' caches hold at the end. The frames are in the heap before and
+// after, so they do not count.
+func BenchmarkIndexMemory(b *testing.B) {
+	w := load(b)
+	var bytes uint64
+	for b.Loop() {
+		before := liveHeap()
+		shards := index.NewShards(2, 256)
+		var actors [workers]*actor.Actor
+		for i := range actors {
+			actors[i] = actor.New(actor.Config{Worker: index.WorkerID(i), BlockSize: blockSize, Shard: shards.Queue(index.WorkerID(i))})
+		}
+		var wg sync.WaitGroup
+		for i := range actors {
+			wg.Go(func() {
+				for _, f := range w.frames[i] {
+					actors[i].HandleBatch(0, f)
+				}
+			})
+		}
+		wg.Wait()
+		if err := shards.Sync(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		bytes = liveHeap() - before
+		runtime.KeepAlive(actors)
+		shards.Close()
+	}
+	b.ReportMetric(float64(bytes)/float64(w.live), "bytes/block")
+	b.ReportMetric(float64(w.live), "memberships")
+}
+
+// liveHeap is the heap in use after a full GC.
+func liveHeap() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
 }

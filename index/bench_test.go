@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"hash/maphash"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -27,6 +28,14 @@ const benchWorkers = 8
 // hostCap > 0 gives the engines a CPU offload tier of that many blocks, whose
 // stores and removes go to TierHost.
 func mooncake(b *testing.B, limit, hostCap int) (steps []Batch, prompts [][]uint64) {
+	steps, prompts, _, _ = mooncakeAll(b, limit, hostCap)
+	return steps, prompts
+}
+
+// mooncakeAll is mooncake, also returning the last recent prompts' tokens
+// and how many (block, worker) memberships the engines hold at the end.
+// Device stores carry their links, as the actor's do.
+func mooncakeAll(b *testing.B, limit, hostCap int) (steps []Batch, prompts [][]uint64, tokens [][]uint32, live int) {
 	reqs, source, err := sim.Trace(limit)
 	if err != nil {
 		b.Fatal(err)
@@ -46,12 +55,15 @@ func mooncake(b *testing.B, limit, hostCap int) (steps []Batch, prompts [][]uint
 	var evs []codec.Event
 	for i := range reqs {
 		r := &reqs[i]
-		tokens := sim.PromptTokens(nil, r)
-		keys := h.Prompt(nil, tokens, 16)
+		toks := sim.PromptTokens(nil, r)
+		keys := h.Prompt(nil, toks, 16)
 		prompts = append(prompts, keys)
+		if i >= len(reqs)-recent {
+			tokens = append(tokens, toks)
+		}
 		w := int(r.HashIDs[min(1, len(r.HashIDs)-1)] % benchWorkers) // sticky per conversation: every request starts with block 0
 		var hit int
-		evs, hit = engines[w].Serve(evs[:0], r, tokens)
+		evs, hit = engines[w].Serve(evs[:0], r, toks)
 		step := Batch{Worker: WorkerID(w)}
 		for _, e := range evs {
 			if e.Medium == sim.MediumCPU {
@@ -71,7 +83,11 @@ func mooncake(b *testing.B, limit, hostCap int) (steps []Batch, prompts [][]uint
 			case codec.BlockStored:
 				for j, ext := range e.BlockHashes {
 					routerOf[w][ext] = keys[hit+j]
-					step.Ops = append(step.Ops, Op{Kind: OpStore, Hash: keys[hit+j]})
+					op := Op{Kind: OpStore, Link: LinkRoot, Hash: keys[hit+j]}
+					if hit+j > 0 {
+						op.Link, op.Parent = LinkChild, keys[hit+j-1]
+					}
+					step.Ops = append(step.Ops, op)
 				}
 			case codec.BlockRemoved:
 				for _, ext := range e.BlockHashes {
@@ -84,13 +100,18 @@ func mooncake(b *testing.B, limit, hostCap int) (steps []Batch, prompts [][]uint
 		}
 		steps = append(steps, step)
 	}
-	return steps, prompts
+	for _, e := range engines {
+		live += e.Len()
+	}
+	return steps, prompts, tokens, live
 }
 
 var (
 	traceOnce    sync.Once
 	traceSteps   []Batch
 	tracePrompts [][]uint64
+	traceTokens  [][]uint32 // the recent prompts'
+	traceLive    int        // memberships the engines hold after the trace
 
 	tieredOnce  sync.Once
 	tieredSteps []Batch
@@ -99,7 +120,7 @@ var (
 // trace is mooncake(b, 0, 0), built once per run: the benchmarks below only
 // read it (a Batch without Return is not written by the shard).
 func trace(b *testing.B) ([]Batch, [][]uint64) {
-	traceOnce.Do(func() { traceSteps, tracePrompts = mooncake(b, 0, 0) })
+	traceOnce.Do(func() { traceSteps, tracePrompts, traceTokens, traceLive = mooncakeAll(b, 0, 0) })
 	if traceSteps == nil {
 		b.Fatal("no trace")
 	}
@@ -308,68 +329,186 @@ func benchIngest(b *testing.B, trace func(*testing.B) ([]Batch, [][]uint64)) {
 	}
 }
 
-// BenchmarkShardsFindMatchesUnderIngest: FindMatches of the recent prompts
-// on the benchmark goroutine while another replays the trace into the
-// shards at full speed (after a first replay, so the index is warm). It
-// reports each lookup's latency percentiles, the lookups and the blocks
-// applied per second; allocs/op counts the ingest's allocations too.
+// BenchmarkShardsFindMatchesUnderIngest: FindMatches of the recent
+// prompts against the index the trace left behind (8 workers), idle and
+// under full ingest: another goroutine replays the trace into the same
+// shards as 8 more workers, flat out, each pass ending with their clears.
+// By keys, and from tokens (Prompt, then FindMatches). It reports each
+// lookup's latency percentiles, overall and per prompt length (up to 512
+// keys, up to 2,048, longer), the lookups and the blocks applied per second;
+// allocs/op counts the ingest's allocations too.
 func BenchmarkShardsFindMatchesUnderIngest(b *testing.B) {
 	steps, prompts := trace(b)
 	prompts = prompts[len(prompts)-recent:]
+	tokens := traceTokens
+	churn := asWorkers(steps, benchWorkers)
 	for _, n := range []int{1, 2, 4} {
 		b.Run(fmt.Sprintf("shards=%d", n), func(b *testing.B) {
-			s := loadedShards(b, n, steps) // the trace applied: lookups alone are timed
-			ctx := context.Background()
-			var sent atomic.Int64 // blocks handed to the shards
-			stop, done := make(chan struct{}), make(chan struct{})
-			go func() {
-				defer close(done)
-				for {
-					for i := range steps {
-						select {
-						case s.Queue(steps[i].Worker) <- &steps[i]:
-							sent.Add(int64(len(steps[i].Ops)))
-						case <-stop:
-							return
+			s := loadedShards(b, n, steps)
+			for _, ingest := range []string{"idle", "full"} {
+				for _, from := range []string{"keys", "tokens"} {
+					b.Run(ingest+"/"+from, func(b *testing.B) {
+						var replay []Batch
+						if ingest == "full" {
+							replay = churn
 						}
-					}
+						var toks [][]uint32
+						if from == "tokens" {
+							toks = tokens
+						}
+						lookups(b, s, prompts, toks, replay)
+					})
 				}
-			}()
-			lat := make([]int64, 1<<18) // a ring of the latest latencies: nothing allocated while timed
-			var dst []Score
-			matched := 0
-			b.ReportAllocs()
-			b.ResetTimer()
-			sent.Store(0)
-			i := 0
-			for b.Loop() {
-				start := time.Now()
-				var err error
-				if dst, err = s.FindMatches(ctx, dst[:0], prompts[i%len(prompts)]); err != nil {
-					b.Fatal(err)
-				}
-				lat[i&(len(lat)-1)] = int64(time.Since(start))
-				best := 0
-				for _, sc := range dst {
-					best = max(best, sc.Blocks)
-				}
-				matched += best
-				i++
 			}
-			elapsed := b.Elapsed().Seconds()
-			applied := sent.Load()
-			close(stop)
-			<-done
-			lat = lat[:min(i, len(lat))]
-			slices.Sort(lat)
-			b.ReportMetric(float64(lat[len(lat)/2]), "p50-ns")
-			b.ReportMetric(float64(lat[len(lat)*99/100]), "p99-ns")
-			b.ReportMetric(float64(lat[len(lat)-1]), "max-ns")
-			b.ReportMetric(float64(b.N)/elapsed, "lookups/s")
-			b.ReportMetric(float64(applied)/elapsed, "ingest-blocks/s")
-			b.ReportMetric(float64(matched)/float64(b.N), "best-match-blocks")
 		})
 	}
+}
+
+// asWorkers returns steps as the workers from first on, each pass followed
+// by their clears. The ops are steps', shared: a Batch without Return is
+// only read.
+func asWorkers(steps []Batch, first WorkerID) []Batch {
+	out := make([]Batch, 0, len(steps)+benchWorkers)
+	for _, st := range steps {
+		out = append(out, Batch{Worker: st.Worker + first, Ops: st.Ops})
+	}
+	for w := range WorkerID(benchWorkers) {
+		out = append(out, Batch{Worker: w + first, Ops: []Op{{Kind: OpClearWorker}}})
+	}
+	return out
+}
+
+// lookups times FindMatches of prompts (from tokens, when given, hashed in
+// the timed call) while replay, if any, is fed to s in a loop.
+func lookups(b *testing.B, s *Shards, prompts [][]uint64, tokens [][]uint32, replay []Batch) {
+	ctx := context.Background()
+	var sent atomic.Int64 // blocks handed to the shards
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for len(replay) > 0 {
+			for i := range replay {
+				select {
+				case s.Queue(replay[i].Worker) <- &replay[i]:
+					sent.Add(int64(len(replay[i].Ops)))
+				case <-stop:
+					return
+				}
+			}
+		}
+	}()
+	lat := newLatencies()
+	var dst []Score
+	var keys []uint64
+	var h Hasher
+	matched := 0
+	b.ReportAllocs()
+	b.ResetTimer()
+	sent.Store(0)
+	i := 0
+	for b.Loop() {
+		p := prompts[i%len(prompts)]
+		start := time.Now()
+		if tokens != nil {
+			keys = h.Prompt(keys[:0], tokens[i%len(tokens)], 16)
+			p = keys
+		}
+		var err error
+		if dst, err = s.FindMatches(ctx, dst[:0], p); err != nil {
+			b.Fatal(err)
+		}
+		lat.add(len(p), time.Since(start))
+		best := 0
+		for _, sc := range dst {
+			best = max(best, sc.Blocks)
+		}
+		matched += best
+		i++
+	}
+	elapsed := b.Elapsed().Seconds()
+	applied := sent.Load()
+	close(stop)
+	<-done
+	lat.report(b)
+	b.ReportMetric(float64(b.N)/elapsed, "lookups/s")
+	b.ReportMetric(float64(applied)/elapsed, "ingest-blocks/s")
+	b.ReportMetric(float64(matched)/float64(b.N), "best-match-blocks")
+}
+
+// latencies keeps lookup latencies overall and per prompt length bucket,
+// without allocating while timed.
+type latencies [4][]time.Duration
+
+// latencyBuckets name latencies' slices: all, then prompts of up to 512
+// keys, up to 2,048, and longer.
+var latencyBuckets = [4]string{"", "le512-", "le2048-", "gt2048-"}
+
+func newLatencies() *latencies {
+	var l latencies
+	for i := range l {
+		l[i] = make([]time.Duration, 0, 1<<18)
+	}
+	return &l
+}
+
+func (l *latencies) add(keys int, d time.Duration) {
+	bucket := 3
+	switch {
+	case keys <= 512:
+		bucket = 1
+	case keys <= 2048:
+		bucket = 2
+	}
+	for _, i := range [2]int{0, bucket} {
+		if len(l[i]) < cap(l[i]) {
+			l[i] = append(l[i], d)
+		}
+	}
+}
+
+// report reports p50, p99 and max of each bucket with any lookup.
+func (l *latencies) report(b *testing.B) {
+	for i, ls := range l {
+		if len(ls) == 0 {
+			continue
+		}
+		slices.Sort(ls)
+		name := latencyBuckets[i]
+		b.ReportMetric(float64(ls[len(ls)/2]), name+"p50-ns")
+		b.ReportMetric(float64(ls[len(ls)*99/100]), name+"p99-ns")
+		b.ReportMetric(float64(ls[len(ls)-1]), name+"max-ns")
+	}
+}
+
+// BenchmarkIndexMemory: the live heap the index of the trace takes (8
+// engines of 40,000 blocks, 2 shards), after GC, per (block, worker)
+// membership the engines' caches hold at the end. The trace's ops are in
+// the heap before and after, so they do not count.
+func BenchmarkIndexMemory(b *testing.B) {
+	steps, _ := trace(b)
+	var bytes uint64
+	for b.Loop() {
+		before := liveHeap()
+		s := NewShards(2, 64)
+		for i := range steps {
+			s.Queue(steps[i].Worker) <- &steps[i]
+		}
+		if err := s.Sync(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		bytes = liveHeap() - before
+		s.Close()
+	}
+	b.ReportMetric(float64(bytes)/float64(traceLive), "bytes/block")
+	b.ReportMetric(float64(traceLive), "memberships")
+}
+
+// liveHeap is the heap in use after a full GC.
+func liveHeap() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
 }
 
 // BenchmarkTokenHash is why zeebo/xxh3: dynamo's router hashes blocks with

@@ -17,14 +17,14 @@ type forest struct {
 
 // newForest makes a few long chains that share prefixes and branch, so
 // that prompts are hundreds of keys long and workers drop out anywhere.
-func newForest(next func(n int) int) *forest {
+func newForest(next func(n int) int, branches, length int) *forest {
 	f := &forest{}
 	for range 3 {
 		f.add(-1, next)
 	}
-	for range 12 {
+	for range branches {
 		from := next(len(f.keys)) // branch off any block so far
-		for range 1 + next(400) {
+		for range 1 + next(length) {
 			from = f.add(from, next)
 		}
 	}
@@ -65,8 +65,7 @@ func (f *forest) op(i int) Op {
 // (a re-index), stores without links or with a bad one, double stores and
 // removes, clears and removed workers. apply gets every op; check is
 // called with a prompt now and then.
-func jumpScript(next func(n int) int, steps int, apply func(WorkerID, Op), check func(q []uint64)) {
-	f := newForest(next)
+func jumpScript(f *forest, next func(n int) int, steps int, apply func(WorkerID, Op), check func(q []uint64)) {
 	const workers = 5
 	var q []uint64
 	for range steps {
@@ -119,10 +118,10 @@ func pathNodes(f *forest, i int) []int {
 
 // jumpAgainstTree runs jumpScript on a writer and a Tree and compares every
 // answer; it returns how many answers jumped for some worker.
-func jumpAgainstTree(t *testing.T, next func(n int) int, steps int) (jumped int) {
+func jumpAgainstTree(t *testing.T, f *forest, next func(n int) int, steps int) (jumped int) {
 	w, ref := newWriter(64), NewTree()
 	var got, want []Score
-	jumpScript(next, steps, func(id WorkerID, op Op) {
+	jumpScript(f, next, steps, func(id WorkerID, op Op) {
 		w.apply(id, op)
 		ref.Apply(id, op)
 	}, func(q []uint64) {
@@ -147,7 +146,7 @@ func TestJumpAgainstTree(t *testing.T) {
 	jumped := 0
 	for seed := range uint64(20) {
 		rng := rand.New(rand.NewPCG(seed, 7))
-		jumped += jumpAgainstTree(t, rng.IntN, 3000)
+		jumped += jumpAgainstTree(t, newForest(rng.IntN, 12, 400), rng.IntN, 3000)
 	}
 	t.Logf("%d answers jumped", jumped)
 	if jumped < 100 {
@@ -159,7 +158,7 @@ func TestJumpAgainstTree(t *testing.T) {
 func FuzzJumpAgainstTree(f *testing.F) {
 	for seed := range uint64(4) {
 		rng := rand.New(rand.NewPCG(seed, 9))
-		b := make([]byte, 4096)
+		b := make([]byte, 2048)
 		for i := range b {
 			b[i] = byte(rng.Uint32())
 		}
@@ -177,7 +176,7 @@ func FuzzJumpAgainstTree(f *testing.F) {
 			data = data[2:]
 			return v % n
 		}
-		jumpAgainstTree(t, next, 1<<20)
+		jumpAgainstTree(t, newForest(rand.New(rand.NewPCG(1, 2)).IntN, 6, 120), next, min(len(data)/6, 400)) // about three draws a step
 	})
 }
 

@@ -65,7 +65,9 @@ var ErrClosed = errors.New("index: shards closed")
 // applied while it reads. It reads keys in order, each key's holders (per
 // shard and per 64 workers) at one instant, later keys at later instants, all
 // between the call's start and its return; a worker's score is the number
-// of leading keys it was seen holding that way. So a worker that held
+// of leading keys it was seen holding that way. (A closed worker, see Link,
+// is seen holding a run of keys at the instant it is seen holding the last
+// of them: what holds it closed guarantees the others.) So a worker that held
 // hashes[0..k-1] throughout the call scores at least k, a worker that held
 // hashes[0] at no point of the call is left out, and a batch applied
 // meanwhile (a store, a remove, a cleared or removed worker) may be seen in
@@ -135,6 +137,12 @@ func (s *Shards) UnknownRemoves(i int) int64 { return s.shards[i].unknownRemoves
 // Shards for how a batch being applied meanwhile shows). It allocates
 // nothing when dst has room for the scores. ctx is only checked on entry:
 // the call does not block.
+//
+// hashes are a prompt's keys (Hasher.Prompt, RequestKeys), each chained from
+// the one before: a worker whose stores carry links is scored by jump search
+// over them, which relies on each key's parent being the key before it, as
+// the links say. Its cost grows with the jumps (a key in jumpStep) and the
+// workers dropping out, not with every key matched.
 func (s *Shards) FindMatches(ctx context.Context, dst []Score, hashes []uint64) ([]Score, error) {
 	if s.closed.Load() {
 		return dst, ErrClosed
