@@ -1,5 +1,7 @@
 package index
 
+import "math/bits"
+
 // Link is what an OpStore says of its block's place in a chain of keys:
 // nothing (LinkNone, the zero value), a chain's first block (LinkRoot), or
 // a block chained from Op.Parent (LinkChild). The index uses links to
@@ -22,18 +24,21 @@ const (
 // as their parent, and the count of orphans, blocks held whose parent is
 // not (or unknown). A block with children but no references stays as a
 // ghost, so that storing it again knows the orphans it adopts.
+//
+// It is its own open-addressing table (linear probing, deletion by
+// backward shift, so no tombstones): a store or remove of a chain's next
+// block finds its parent's record in the cache lines it just touched, and
+// a lookup of a key never stored ends at the first empty slot.
 type chains struct {
-	at      map[uint64]int32 // key -> index in recs
-	recs    []chainRec
-	free    []int32
+	recs    []chainRec // a power of two of slots, then key 0's; key 0 marks an empty slot
+	hasZero bool       // key 0 has a record
+	n       int        // records, key 0's included
+	shift   uint
 	orphans int
-	// The block last looked up, the parent of the next store or the
-	// parent a remove just decremented, both usual in chain order.
-	lastKey uint64
-	lastIdx int32 // -1: none
 }
 
 type chainRec struct {
+	key    uint64
 	parent uint64
 	refs   uint32
 	kids   uint32 // low 30 bits: the count; top 2: the Link
@@ -43,73 +48,115 @@ const kidsMask = 1<<30 - 1
 
 func (r *chainRec) link() Link { return Link(r.kids >> 30) }
 
-func newChains() chains { return chains{at: make(map[uint64]int32), lastIdx: -1} }
+const minChains = 64
 
-// find returns k's index, or -1.
-func (c *chains) find(k uint64) int32 {
-	if c.lastIdx >= 0 && c.lastKey == k {
-		return c.lastIdx
+func (c *chains) home(k uint64) int { return int((k * 0x9e3779b97f4a7c15) >> c.shift) }
+
+// find returns the index of k's record, or of the empty slot that would
+// take it (found false). The table must have room (reserve).
+func (c *chains) find(k uint64) (i int, found bool) {
+	m := len(c.recs) - 2
+	if k == 0 {
+		return m + 1, c.hasZero
 	}
-	i, ok := c.at[k]
-	if !ok {
-		return -1
+	for i = c.home(k); ; i = (i + 1) & m {
+		switch c.recs[i].key {
+		case k:
+			return i, true
+		case 0:
+			return i, false
+		}
 	}
-	c.lastKey, c.lastIdx = k, i
-	return i
 }
 
-// get returns k's index, adding an empty record if it has none.
-func (c *chains) get(k uint64) int32 {
-	if i := c.find(k); i >= 0 {
-		return i
+// reserve makes room for n more records, so that the indices of those
+// there stay put while they are added.
+func (c *chains) reserve(n int) {
+	if size := len(c.recs) - 1; (c.n+n)*4 > size*3 || size <= 0 {
+		c.resize(max(minChains, 2*size))
 	}
-	var i int32
-	if n := len(c.free); n > 0 {
-		i, c.free = c.free[n-1], c.free[:n-1]
+}
+
+// add makes the empty slot i (from find) k's record.
+func (c *chains) add(i int, k uint64) {
+	c.n++
+	if k == 0 {
+		c.hasZero = true
+	}
+	c.recs[i] = chainRec{key: k}
+}
+
+func (c *chains) resize(size int) {
+	old := c.recs
+	c.recs = make([]chainRec, size+1)
+	c.shift = uint(64 - bits.TrailingZeros(uint(size)))
+	for j := range old {
+		if r := old[j]; r.key != 0 {
+			i, _ := c.find(r.key)
+			c.recs[i] = r
+		}
+	}
+	if c.hasZero {
+		c.recs[size] = old[len(old)-1]
+	}
+}
+
+// del removes the record at i, shifting back the records after it that
+// would not be found past the hole.
+func (c *chains) del(i int) {
+	c.n--
+	m := len(c.recs) - 2
+	if i > m {
+		c.hasZero = false
 		c.recs[i] = chainRec{}
-	} else {
-		i = int32(len(c.recs))
-		c.recs = append(c.recs, chainRec{})
+		return
 	}
-	c.at[k] = i
-	c.lastKey, c.lastIdx = k, i
-	return i
-}
-
-// drop forgets the record of k at i.
-func (c *chains) drop(k uint64, i int32) {
-	delete(c.at, k)
-	c.free = append(c.free, i)
-	if c.lastIdx == i {
-		c.lastIdx = -1
+	for j := (i + 1) & m; c.recs[j].key != 0; j = (j + 1) & m {
+		if h := c.home(c.recs[j].key); (j-h)&m >= (j-i)&m { // h is not in (i, j]
+			c.recs[i] = c.recs[j]
+			i = j
+		}
 	}
+	c.recs[i] = chainRec{}
 }
 
 // held reports whether the worker holds k.
 func (c *chains) held(k uint64) bool {
-	i := c.find(k)
-	return i >= 0 && c.recs[i].refs > 0
+	if c.n == 0 {
+		return false
+	}
+	i, ok := c.find(k)
+	return ok && c.recs[i].refs > 0
 }
 
 // store adds a reference to k, of link and parent, and reports whether
 // the worker did not hold k before.
 func (c *chains) store(k uint64, link Link, parent uint64) (first bool) {
-	i := c.get(k)
-	r := &c.recs[i]
-	if r.refs++; r.refs > 1 {
-		return false
-	}
 	if link == LinkChild && parent == k {
 		link = LinkNone // not a chain: a key is never its own parent
 	}
+	c.reserve(2)
+	i, ok := c.find(k)
+	if ok && c.recs[i].refs > 0 {
+		c.recs[i].refs++
+		return false
+	}
+	if !ok {
+		c.add(i, k)
+	}
+	r := &c.recs[i]
+	r.refs, r.parent = 1, parent
 	r.kids = r.kids&kidsMask | uint32(link)<<30
-	r.parent = parent
 	c.orphans -= int(r.kids & kidsMask) // its children held have their parent now
 	switch link {
 	case LinkNone:
 		c.orphans++
 	case LinkChild:
-		p := &c.recs[c.get(parent)] // may move recs: r is not used after
+		pi, ok := c.find(parent)
+		if !ok {
+			c.add(pi, parent)
+		}
+		p := &c.recs[pi]
 		p.kids++
 		if p.refs == 0 {
 			c.orphans++
@@ -121,11 +168,14 @@ func (c *chains) store(k uint64, link Link, parent uint64) (first bool) {
 // remove drops one reference to k and reports whether the worker held it
 // (known) and no longer does (last).
 func (c *chains) remove(k uint64) (known, last bool) {
-	i := c.find(k)
-	if i < 0 || c.recs[i].refs == 0 {
+	if c.n == 0 {
 		return false, false
 	}
+	i, ok := c.find(k)
 	r := &c.recs[i]
+	if !ok || r.refs == 0 {
+		return false, false
+	}
 	if r.refs--; r.refs > 0 {
 		return true, false
 	}
@@ -136,25 +186,37 @@ func (c *chains) remove(k uint64) (known, last bool) {
 	case LinkNone:
 		c.orphans--
 	case LinkChild:
-		pi := c.find(parent)
+		pi, _ := c.find(parent)
 		p := &c.recs[pi]
 		p.kids--
 		if p.refs == 0 {
 			c.orphans--
 			if p.kids&kidsMask == 0 {
-				c.drop(parent, pi)
+				// Deleted first: deleting k could move p's record.
+				c.del(pi)
+				if kids == 0 {
+					i, _ = c.find(k)
+				}
 			}
 		}
 	}
 	if kids == 0 {
-		c.drop(k, i)
+		c.del(i)
 	}
 	return true, true
 }
 
+// keys calls f with every key the worker holds.
+func (c *chains) keys(f func(k uint64)) {
+	for i := range c.recs {
+		if r := &c.recs[i]; r.refs > 0 {
+			f(r.key)
+		}
+	}
+}
+
 // reset forgets every block.
 func (c *chains) reset() {
-	clear(c.at)
-	c.recs, c.free = c.recs[:0], c.free[:0]
-	c.orphans, c.lastIdx = 0, -1
+	clear(c.recs)
+	c.hasZero, c.n, c.orphans = false, 0, 0
 }

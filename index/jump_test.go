@@ -244,3 +244,29 @@ func TestJumpAllocatesNothing(t *testing.T) {
 		t.Errorf("FindMatches = %v, want %v", dst, want)
 	}
 }
+
+// The chains' records go with the blocks: after every block is removed, in
+// any order, none is left, ghosts included.
+func TestChainsForgetEverything(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 5))
+	f := newForest(rng.IntN, 6, 100)
+	var c chains
+	for round := range 20 {
+		var held []int
+		for range 200 {
+			i := rng.IntN(len(f.keys))
+			o := f.op(i)
+			c.store(o.Hash, o.Link, o.Parent)
+			held = append(held, i)
+		}
+		rng.Shuffle(len(held), func(a, b int) { held[a], held[b] = held[b], held[a] })
+		for _, i := range held {
+			if known, _ := c.remove(f.keys[i]); !known {
+				t.Fatalf("round %d: block %d not known", round, i)
+			}
+		}
+		if c.n != 0 || c.orphans != 0 {
+			t.Fatalf("round %d: %d records and %d orphans left", round, c.n, c.orphans)
+		}
+	}
+}

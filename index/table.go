@@ -103,6 +103,9 @@ func (t *table) find(k uint64) int {
 	}
 }
 
+// touch loads k's home entry, so that its cache miss overlaps other work.
+func (t *table) touch(k uint64) { t.data[t.home(k)*t.stride].Load() }
+
 // place returns the offset of k's entry, or of the empty entry that would
 // take it (found false). The writer's alone.
 func (t *table) place(k uint64) (e int, found bool) {
@@ -453,19 +456,8 @@ func (x *tierIx) pin() *table {
 
 func unpin(t *table) { t.readers.Add(-1) }
 
-// maxSpare is the largest version kept as a spare, in words: a spare of a
-// large table would double the index's memory, while allocating a new one
-// at a rebuild costs about what clearing the spare does (the table holds no
-// pointers, so the GC does not scan it).
-const maxSpare = 1 << 17
-
 func (x *tierIx) publish(nt *table) {
 	x.cur.Store(nt) // everything written to nt before happens before a reader's pin
-	// An older spare that take could not reuse goes to the GC, readers or
-	// not; so does a large version.
-	x.spare = nil
-	if len(x.t.data) <= maxSpare {
-		x.spare = x.t
-	}
+	x.spare = x.t   // an older spare that take could not reuse goes to the GC, readers or not
 	x.t = nt
 }

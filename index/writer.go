@@ -50,7 +50,7 @@ type holder struct {
 func newWriter(capacity int) *writer {
 	w := &writer{holders: make(map[WorkerID]*holder), capacity: capacity}
 	w.addSlots(1)
-	w.t = w.take(&w.tierIx, capacity, 1)
+	w.t = w.tierIx.take(capacity, 1, true, w.gen, &w.made)
 	w.cur.Store(w.t)
 	return w
 }
@@ -146,6 +146,7 @@ func (w *writer) store(id WorkerID, op Op) {
 	h.count[op.Tier]++
 	k := op.Hash
 	if op.Tier == TierDevice {
+		w.t.touch(k) // its miss overlaps the chains'
 		if h.dev.store(k, op.Link, op.Parent) {
 			w.setClosed(h, false, h.dev.orphans > 0) // before the bit
 			w.set(&w.tierIx, k, h.slot)
@@ -175,6 +176,7 @@ func (w *writer) remove(id WorkerID, tier Tier, k uint64) {
 		return
 	}
 	if tier == TierDevice {
+		w.t.touch(k) // its miss overlaps the chains'
 		known, last := h.dev.remove(k)
 		switch {
 		case !known:
@@ -241,17 +243,13 @@ func (w *writer) ClearWorker(id WorkerID) {
 // ClearTier clears the worker's blocks in tier alone.
 func (w *writer) ClearTier(id WorkerID, tier Tier) {
 	h := w.holders[id]
-	if h == nil || tier >= NumTiers || h.count[tier] == 0 && (tier != TierDevice || len(h.dev.at) == 0) {
+	if h == nil || tier >= NumTiers || h.count[tier] == 0 && (tier != TierDevice || h.dev.n == 0) {
 		return
 	}
 	h.count[tier] = 0
 	if tier == TierDevice {
 		w.setClosed(h, false, true) // its blocks go in no particular order
-		for k, i := range h.dev.at {
-			if h.dev.recs[i].refs > 0 {
-				w.unset(&w.tierIx, k, h.slot)
-			}
-		}
+		h.dev.keys(func(k uint64) { w.unset(&w.tierIx, k, h.slot) })
 		h.dev.reset()
 		w.setClosed(h, true, true)
 		return
@@ -286,7 +284,7 @@ func (w *writer) ix(tier Tier) *tierIx {
 	x := &tierIx{}
 	// Of the device's width and generation: pinTiers takes it with the
 	// device's current version.
-	x.t = w.take(x, w.capacity, w.t.words)
+	x.t = x.take(w.capacity, w.t.words, false, w.gen, &w.made)
 	x.cur.Store(x.t)
 	w.lower[tier-1].Store(x) // after its first version: a reader that loads x pins a whole one
 	w.lowerSet.Store(w.lowerSet.Load() | 1<<(tier-1))
@@ -312,7 +310,7 @@ func (w *writer) holder(id WorkerID) *holder {
 	w.t.slots[s].Store(uint32(id)) // before any of its bits
 	tw := &w.t.taken[s>>6]
 	tw.Store(tw.Load() | 1<<(s&63)) // after the slot, before any bit
-	h := &holder{slot: s, dev: newChains()}
+	h := &holder{slot: s}
 	w.setClosed(h, true, true) // nothing held: closed
 	w.holders[id] = h
 	return h
@@ -403,7 +401,7 @@ func (w *writer) build(x *tierIx, words int) *table {
 	for (x.live+1)*2 > capacity {
 		capacity *= 2
 	}
-	nt := w.take(x, capacity, words)
+	nt := x.take(capacity, words, x == &w.tierIx, w.gen, &w.made)
 	x.used = copyHeld(nt, old)
 	if x == &w.tierIx {
 		for s, ok := range w.taken {
@@ -417,16 +415,6 @@ func (w *writer) build(x *tierIx, words int) *table {
 		}
 	}
 	return nt
-}
-
-// take returns an empty unpublished table of x, in the current generation:
-// x's spare if no reader holds it and it is big enough, or a new one.
-func (w *writer) take(x *tierIx, capacity, words int) *table {
-	t, made := x.take(capacity, words, x == &w.tierIx, w.gen)
-	if made {
-		w.made++
-	}
-	return t
 }
 
 func setBit(ws []atomic.Uint64, s int) {
@@ -457,18 +445,19 @@ func copyHeld(nt, old *table) (used int) {
 	return used
 }
 
-// take returns an empty unpublished table: the spare if no reader holds it
-// and it is big enough, or a new one (made). It never waits for readers:
-// one still reading a version unpublished a whole rebuild ago is rare, and
-// then the writer allocates. Only the device's tables (device) map slots:
+// take returns an empty unpublished table of generation gen: the spare if
+// no reader holds it and it is big enough, or a new one, counted in made.
+// It never waits for readers: one still reading a version unpublished a
+// whole rebuild ago is rare, and then the writer allocates. Only the device's tables (device) map slots:
 // a reader maps every tier's bits with them.
-func (x *tierIx) take(capacity, words int, device bool, gen uint64) (t *table, made bool) {
+func (x *tierIx) take(capacity, words int, device bool, gen uint64, made *int) *table {
 	need, nslots, nwords := (capacity+1)*(1+words), 0, 0
 	if device {
 		nslots, nwords = words*64, words
 	}
 	// The spare is unpublished: a reader that counts itself in from now on
 	// fails pin's re-check and reads nothing, until it is published again.
+	var t *table
 	if r := x.spare; r != nil && r.readers.Load() == 0 && cap(r.data) >= need && cap(r.slots) >= nslots && cap(r.taken) >= nwords && cap(r.closed) >= nwords {
 		x.spare, t = nil, r
 		t.data = t.data[:need]
@@ -482,9 +471,9 @@ func (x *tierIx) take(capacity, words int, device bool, gen uint64) (t *table, m
 	if t == nil {
 		t = &table{data: make([]atomic.Uint64, need), slots: make([]atomic.Uint32, nslots),
 			taken: make([]atomic.Uint64, nwords), closed: make([]atomic.Uint64, nwords)}
-		made = true
+		*made++
 	}
 	t.shift = uint(64 - bits.TrailingZeros(uint(capacity)))
 	t.mask, t.words, t.stride, t.gen = capacity-1, words, 1+words, gen
-	return t, made
+	return t
 }
