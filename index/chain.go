@@ -120,15 +120,6 @@ func (c *chains) del(i int) {
 	c.recs[i] = chainRec{}
 }
 
-// held reports whether the worker holds k.
-func (c *chains) held(k uint64) bool {
-	if c.n == 0 {
-		return false
-	}
-	i, ok := c.find(k)
-	return ok && c.recs[i].refs > 0
-}
-
 // store adds a reference to k, of link and parent, and reports whether
 // the worker did not hold k before.
 func (c *chains) store(k uint64, link Link, parent uint64) (first bool) {
