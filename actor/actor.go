@@ -418,7 +418,7 @@ func (a *Actor) apply(e *codec.Event) {
 				continue
 			}
 			if b.tiers&bit(t) != 0 {
-				a.emitKeys(index.OpRemove, t, b)
+				a.emitKeys(index.OpRemove, t, b, index.LinkNone, 0)
 			}
 			if b.tiers &^= bit(t); b.tiers == 0 {
 				a.forget(ext, b)
@@ -571,10 +571,7 @@ func (a *Actor) store(e *codec.Event) {
 	unit := bs / k
 	ext, extParent := e.ParentHash, e.HasParent
 	for i := range n {
-		link, linkParent := index.LinkRoot, parent // the block's first router key's
-		if hasParent {
-			link = index.LinkChild
-		}
+		link, linkParent := chainLink(hasParent), parent // of the block's first router key
 		var extra uint64
 		if i < len(e.BlockExtra) {
 			extra = e.BlockExtra[i]
@@ -595,7 +592,7 @@ func (a *Actor) store(e *codec.Event) {
 				a.room(a.keysOf(old)*index.NumTiers + k)
 				for ot := range index.Tier(index.NumTiers) {
 					if old.held(a.gen)&bit(ot) != 0 {
-						a.emitKeys(index.OpRemove, ot, old)
+						a.emitKeys(index.OpRemove, ot, old, index.LinkNone, 0)
 					}
 				}
 				a.forget(h, old)
@@ -607,7 +604,7 @@ func (a *Actor) store(e *codec.Event) {
 				b.split = a.slot(a.keys[:k-1])
 			}
 			a.routerOf[h] = b
-			a.emitLinked(index.OpStore, t, b, link, linkParent)
+			a.emitKeys(index.OpStore, t, b, link, linkParent)
 		}
 		ext, extParent = h, true
 	}
@@ -666,7 +663,7 @@ func (a *Actor) hold(h uint64, b block, t index.Tier) bool {
 	if t == index.TierDevice {
 		link, parent = linkOf(a.routerOf, b)
 	}
-	a.emitLinked(index.OpStore, t, b, link, parent)
+	a.emitKeys(index.OpStore, t, b, link, parent)
 	return true
 }
 
@@ -678,14 +675,10 @@ func (a *Actor) keysOf(b block) int {
 	return 1
 }
 
-// emitKeys sends one op for each router key of b, first to last.
-func (a *Actor) emitKeys(kind index.OpKind, t index.Tier, b block) {
-	a.emitLinked(kind, t, b, index.LinkNone, 0)
-}
-
-// emitLinked is emitKeys with b's first key's link (index.Op.Link): the
-// keys after it are chained from the one before.
-func (a *Actor) emitLinked(kind index.OpKind, t index.Tier, b block, link index.Link, parent uint64) {
+// emitKeys sends one op for each router key of b, first to last, the first
+// with link and parent (index.Op.Link), each after it chained from the one
+// before.
+func (a *Actor) emitKeys(kind index.OpKind, t index.Tier, b block, link index.Link, parent uint64) {
 	if b.split >= 0 {
 		n := a.splitK - 1
 		for _, k := range a.splitKeys[int(b.split)*n : int(b.split+1)*n] {
@@ -696,13 +689,21 @@ func (a *Actor) emitLinked(kind index.OpKind, t index.Tier, b block, link index.
 	a.emit(index.Op{Kind: kind, Tier: t, Hash: b.key, Link: link, Parent: parent})
 }
 
+// chainLink is the link of a key chained from a parent, or a root.
+func chainLink(hasParent bool) index.Link {
+	if hasParent {
+		return index.LinkChild
+	}
+	return index.LinkRoot
+}
+
 // linkOf is the link of b's first router key: its engine parent's last
 // router key, as far as the mapping knows it.
 func linkOf(routerOf map[uint64]block, b block) (index.Link, uint64) {
 	if !b.hasParent {
 		return index.LinkRoot, 0
 	}
-	if p, ok := routerOf[b.parent]; ok {
+	if p, ok := routerOf[b.parent]; ok { // else forgotten: unknown
 		return index.LinkChild, p.key
 	}
 	return index.LinkNone, 0
