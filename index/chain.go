@@ -35,6 +35,7 @@ type chains struct {
 	n       int        // records, key 0's included
 	shift   uint
 	orphans int
+	sink    uint64 // what touch loads, so that the load stays
 }
 
 type chainRec struct {
@@ -66,6 +67,13 @@ func (c *chains) find(k uint64) (i int, found bool) {
 		case 0:
 			return i, false
 		}
+	}
+}
+
+// touch loads k's home slot, so that its cache miss overlaps other work.
+func (c *chains) touch(k uint64) {
+	if len(c.recs) > 1 {
+		c.sink ^= c.recs[c.home(k)].key
 	}
 }
 

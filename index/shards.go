@@ -211,7 +211,11 @@ func (sh *shard) apply(b *Batch) {
 		return
 	}
 	ix := sh.ix
-	for _, op := range b.Ops {
+	h := ix.holders[b.Worker] // nil before its first store: no prefetch then
+	for i, op := range b.Ops {
+		if j := i + prefetchAhead; h != nil && j < len(b.Ops) {
+			prefetch(ix, h, &b.Ops[j])
+		}
 		ix.apply(b.Worker, op)
 	}
 	if b.Held != nil {

@@ -146,7 +146,6 @@ func (w *writer) store(id WorkerID, op Op) {
 	h.count[op.Tier]++
 	k := op.Hash
 	if op.Tier == TierDevice {
-		w.t.touch(k) // its miss overlaps the chains'
 		if h.dev.store(k, op.Link, op.Parent) {
 			w.setClosed(h, false, h.dev.orphans > 0) // before the bit
 			w.set(&w.tierIx, k, h.slot)
@@ -176,7 +175,6 @@ func (w *writer) remove(id WorkerID, tier Tier, k uint64) {
 		return
 	}
 	if tier == TierDevice {
-		w.t.touch(k) // its miss overlaps the chains'
 		known, last := h.dev.remove(k)
 		switch {
 		case !known:
@@ -221,6 +219,20 @@ func (w *writer) setClosed(h *holder, to, cond bool) {
 	}
 	cw.Store(cw.Load() &^ (1 << (h.slot & 63)))
 	w.opened.Add(1)
+}
+
+// prefetchAhead is how many ops ahead of the one applied a shard loads the
+// entries the op will need.
+const prefetchAhead = 4
+
+// prefetch loads the device table's and the worker's chains' home entries
+// of a device op's key, so that their cache misses overlap the ops applied
+// before it: ingest is mostly those misses.
+func prefetch(w *writer, h *holder, op *Op) {
+	if op.Tier == TierDevice && op.Kind <= OpRemove && op.Hash != 0 {
+		w.t.touch(op.Hash)
+		h.dev.touch(op.Hash)
+	}
 }
 
 // heldIn is how many engine blocks of the worker's map to keys it holds in
