@@ -90,7 +90,7 @@ func appendMapEvent(dst []byte, e *Event, l Layout) []byte {
 		dst = msgp.AppendString(dst, "parent_block_hash")
 		dst = appendOptHash(dst, e.ParentHash, e.HasParent, l)
 		dst = msgp.AppendString(dst, "token_ids")
-		dst = appendTokens(dst, e.TokenIDs)
+		dst = appendTokens(dst, e.TokenIDs, e.Bigram)
 		dst = msgp.AppendString(dst, "block_size")
 		dst = appendInt(dst, int64(e.BlockSize))
 		dst = msgp.AppendString(dst, "lora_id")
@@ -174,7 +174,7 @@ func appendArrayEvent(dst []byte, e *Event, l Layout) []byte {
 		case fieldParent:
 			dst = appendOptHash(dst, e.ParentHash, e.HasParent, l)
 		case fieldTokenIDs:
-			dst = appendTokens(dst, e.TokenIDs)
+			dst = appendTokens(dst, e.TokenIDs, e.Bigram)
 		case fieldBlockSize:
 			dst = appendInt(dst, int64(e.BlockSize))
 		case fieldLoraID:
@@ -295,7 +295,17 @@ func appendOptHash(dst []byte, h uint64, ok bool, l Layout) []byte {
 	return appendHash(dst, h, l)
 }
 
-func appendTokens(dst []byte, tokens []uint32) []byte {
+// appendTokens writes tokens, as bigrams [[t0,t1],[t1,t2],...] when bigram
+// is set (SGLang with EAGLE) and there are two or more.
+func appendTokens(dst []byte, tokens []uint32, bigram bool) []byte {
+	if bigram && len(tokens) > 1 {
+		dst = msgp.AppendArrayHeader(dst, uint32(len(tokens)-1))
+		for i := 1; i < len(tokens); i++ {
+			dst = msgp.AppendArrayHeader(dst, 2)
+			dst = msgp.AppendUint32(msgp.AppendUint32(dst, tokens[i-1]), tokens[i])
+		}
+		return dst
+	}
 	dst = msgp.AppendArrayHeader(dst, uint32(len(tokens)))
 	for _, t := range tokens {
 		dst = msgp.AppendUint32(dst, t)

@@ -34,7 +34,7 @@ func FuzzDecode(f *testing.F) {
 			}
 			return
 		}
-		first.Skipped = 0 // unknown events are not re-encoded
+		first.Skipped, first.Invalid = 0, nil // unknown and unreadable events are not re-encoded
 		for _, l := range []Layout{{SaltKey: true}, {ArrayEvents: true, SaltKey: true}} {
 			if l.ArrayEvents && saltBesideLora(&first) {
 				continue

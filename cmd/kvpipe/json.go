@@ -43,7 +43,11 @@ func appendEventJSON(dst []byte, e *codec.Event) []byte {
 			}
 			dst = strconv.AppendUint(dst, uint64(t), 10)
 		}
-		dst = append(dst, `],"block_size":`...)
+		dst = append(dst, ']')
+		if e.Bigram { // sent as bigrams: printed flattened, as decoded
+			dst = append(dst, `,"bigram":true`...)
+		}
+		dst = append(dst, `,"block_size":`...)
 		dst = strconv.AppendInt(dst, int64(e.BlockSize), 10)
 		dst = appendOptInt(dst, "lora_id", e.LoraID, e.HasLoraID)
 	}
