@@ -627,6 +627,7 @@ func (p *Pipeline) Stats() Stats {
 			ws.Actor = a.Stats()
 		} else {
 			ws.Actor.Partial = true // never started: nothing of it is known
+			ws.Actor.Eagle = w.eagleCfg
 		}
 		snap.Workers = append(snap.Workers, ws)
 	}
