@@ -48,9 +48,13 @@ func (e *Error) Error() string {
 // concurrent use: give each goroutine its own. The zero value is ready to
 // use; a zero field of Limits takes DefaultLimits' value.
 type Decoder struct {
-	Limits  Limits
-	strings map[string]string
+	Limits Limits
+	strs   interner
 }
+
+// interner keeps one copy of each string that repeats across events, so
+// that decoding them allocates nothing once seen.
+type interner struct{ m map[string]string }
 
 // limits is d.Limits with DefaultLimits in its zero fields.
 func (d *Decoder) limits() Limits {
@@ -72,25 +76,25 @@ const maxInterned = 1024
 
 // NewDecoder returns a Decoder with DefaultLimits.
 func NewDecoder() *Decoder {
-	d := &Decoder{Limits: DefaultLimits, strings: make(map[string]string)}
+	d := &Decoder{Limits: DefaultLimits, strs: interner{m: make(map[string]string)}}
 	for _, s := range []string{"GPU", "CPU", "CPU_PINNED", "DISK", "NVME", "STORAGE",
 		"full_attention", "mla_attention", "sink_full_attention", "sliding_window",
 		"mamba", "chunked_local_attention"} {
-		d.strings[s] = s
+		d.strs.m[s] = s
 	}
 	return d
 }
 
-func (d *Decoder) intern(b []byte) string {
-	if s, ok := d.strings[string(b)]; ok { // the compiler does not allocate for this lookup
+func (in *interner) intern(b []byte) string {
+	if s, ok := in.m[string(b)]; ok { // the compiler does not allocate for this lookup
 		return s
 	}
 	s := string(b)
-	if d.strings == nil {
-		d.strings = make(map[string]string)
+	if in.m == nil {
+		in.m = make(map[string]string)
 	}
-	if len(d.strings) < maxInterned {
-		d.strings[s] = s
+	if len(in.m) < maxInterned {
+		in.m[s] = s
 	}
 	return s
 }
@@ -507,9 +511,9 @@ func (d *Decoder) decodeField(f field, p []byte, e *Event, b *Batch) ([]byte, er
 	case fieldLoraID:
 		p, err = readOptInt(p, &e.LoraID, &e.HasLoraID)
 	case fieldMedium:
-		e.Medium, p, err = d.readOptString(p)
+		e.Medium, p, err = d.strs.readOptString(p)
 	default:
-		p, err = d.decodeOptField(f, p, e, b)
+		p, err = decodeOptField(&d.strs, f, p, e, b)
 	}
 	if err != nil {
 		return p, fieldErr(f.String(), err, start)
@@ -519,20 +523,20 @@ func (d *Decoder) decodeField(f field, p []byte, e *Event, b *Batch) ([]byte, er
 
 // decodeOptField decodes the value of one of the fields newer or other
 // engines add; unknown fields are skipped.
-func (d *Decoder) decodeOptField(f field, p []byte, e *Event, b *Batch) ([]byte, error) {
+func decodeOptField(in *interner, f field, p []byte, e *Event, b *Batch) ([]byte, error) {
 	var err error
 	switch f {
 	case fieldLoraName:
-		p, err = d.readLoraName(p, e)
+		p, err = readLoraName(in, p, e)
 	case fieldCacheSalt:
-		e.CacheSalt, p, err = d.readOptString(p)
+		e.CacheSalt, p, err = in.readOptString(p)
 	case fieldExtraKeys:
 		p, err = readExtraKeys(p, e, b)
 	case fieldGroupIdx:
-		p, err = d.readGroupIdx(p, e)
+		p, err = readGroupIdx(in, p, e)
 	case fieldSpecKind:
 		var kind string
-		if kind, p, err = d.readOptString(p); kind != "" {
+		if kind, p, err = in.readOptString(p); kind != "" {
 			e.SpecKind = kind // nil keeps a kind read from the group_idx slot
 		}
 	case fieldSlidingWindow:
@@ -549,14 +553,14 @@ func (d *Decoder) decodeOptField(f field, p []byte, e *Event, b *Batch) ([]byte,
 // put a metadata map there (BlockStoredWithMetadata): its cache_salt is
 // read, the rest skipped. Any other type is not a name and not an error
 // either.
-func (d *Decoder) readLoraName(p []byte, e *Event) ([]byte, error) {
+func readLoraName(in *interner, p []byte, e *Event) ([]byte, error) {
 	switch msgp.NextType(p) {
 	case msgp.StrType, msgp.NilType:
 		var err error
-		e.LoraName, p, err = d.readOptString(p)
+		e.LoraName, p, err = in.readOptString(p)
 		return p, err
 	case msgp.MapType:
-		return d.readMetadata(p, e)
+		return readMetadata(in, p, e)
 	}
 	return msgp.Skip(p)
 }
@@ -577,10 +581,10 @@ func readExtraKeys(p []byte, e *Event, b *Batch) ([]byte, error) {
 
 // readGroupIdx reads group_idx: nil, an int, or, as some engines put in
 // that slot, the spec kind as a string.
-func (d *Decoder) readGroupIdx(p []byte, e *Event) ([]byte, error) {
+func readGroupIdx(in *interner, p []byte, e *Event) ([]byte, error) {
 	if msgp.NextType(p) == msgp.StrType {
 		var err error
-		e.SpecKind, p, err = d.readOptString(p)
+		e.SpecKind, p, err = in.readOptString(p)
 		return p, err
 	}
 	var v int64
@@ -678,7 +682,7 @@ func readToken(p []byte, i int) (uint32, []byte, error) {
 	return uint32(v), rest, nil
 }
 
-func (d *Decoder) readOptString(p []byte) (string, []byte, error) {
+func (in *interner) readOptString(p []byte) (string, []byte, error) {
 	if msgp.IsNil(p) {
 		return "", p[1:], nil
 	}
@@ -686,7 +690,7 @@ func (d *Decoder) readOptString(p []byte) (string, []byte, error) {
 	if err != nil {
 		return "", p, err
 	}
-	return d.intern(s), rest, nil
+	return in.intern(s), rest, nil
 }
 
 var errNotInt = errors.New("not an int")

@@ -391,7 +391,7 @@ type Request = index.Request
 func (p *Pipeline) FindMatches(ctx context.Context, tokens []uint32) ([]Match, error) {
 	var h index.Hasher
 	var keys, eagleKeys []uint64
-	plain, eagle := p.kinds()
+	plain, eagle := kinds(*p.list.Load())
 	if plain {
 		keys = h.Prompt(nil, tokens, p.cfg.BlockSize)
 	}
@@ -407,7 +407,7 @@ func (p *Pipeline) FindMatches(ctx context.Context, tokens []uint32) ([]Match, e
 func (p *Pipeline) FindMatchesRequest(ctx context.Context, r *Request) ([]Match, error) {
 	var h index.Hasher
 	var keys, eagleKeys []uint64
-	plain, eagle := p.kinds()
+	plain, eagle := kinds(*p.list.Load())
 	if plain {
 		keys = h.RequestKeys(nil, r, p.cfg.BlockSize)
 	}
@@ -417,10 +417,10 @@ func (p *Pipeline) FindMatchesRequest(ctx context.Context, r *Request) ([]Match,
 	return nilIfEmpty(p.AppendMatchesKeys(ctx, nil, keys, eagleKeys))
 }
 
-// kinds reports whether the pipeline has workers keyed plainly, and
-// workers keyed over EAGLE windows.
-func (p *Pipeline) kinds() (plain, eagle bool) {
-	for _, w := range *p.list.Load() {
+// kinds reports whether ws has workers keyed plainly, and workers keyed
+// over EAGLE windows.
+func kinds(ws []*worker) (plain, eagle bool) {
+	for _, w := range ws {
 		if w.eagle() {
 			eagle = true
 		} else {

@@ -410,32 +410,15 @@ func (c *claims) add(j job, held int) {
 // FindMatchesRequest) plus queued work.
 // The requests are the trace's from first on; it returns how many it routed.
 func route(ctx context.Context, o options, reqs []sim.Request, first int, p *kvpipe.Pipeline, engines []*engine, stderr io.Writer, start time.Time) int {
-	var h index.Hasher
 	load := make([]float64, len(engines)) // blocks of recent work, decaying
 	const tau = 5000.0                    // trace milliseconds for load to decay by e
+	pk := newPicker(o, engines)
 	var tokens []uint32
-	var keys, eagleKeys, plain, eaglePlain []uint64
-	score := make([]float64, len(engines))
-	device := make([]int, len(engines))
 	lastTS := int64(0)
 	nextProgress := start.Add(o.progress)
-	byName := map[string]int{}
-	for i, e := range engines {
-		byName[e.name] = i
-	}
 	for i := first; i < len(reqs); i++ {
 		r := &reqs[i]
-		if o.speedup > 0 {
-			due := start.Add(time.Duration(float64(r.TimestampMs) / o.speedup * float64(time.Millisecond)))
-			if d := time.Until(due); d > 0 {
-				select {
-				case <-ctx.Done():
-					return i
-				case <-time.After(d):
-				}
-			}
-		}
-		if ctx.Err() != nil {
+		if !waitDue(ctx, o, start, r) {
 			return i
 		}
 		decay := math.Exp(-float64(r.TimestampMs-lastTS) / tau)
@@ -448,34 +431,13 @@ func route(ctx context.Context, o options, reqs []sim.Request, first int, p *kvp
 		if o.lora {
 			req.Lora = r.Lora
 		}
-		// Each kind of worker is scored with its own kind of keys.
-		keys = h.RequestKeys(keys[:0], &req, o.blockSize)
-		eagleKeys = h.EagleKeys(eagleKeys[:0], &req, o.blockSize)
-		clear(score)
-		clear(device)
-		if matches, err := p.AppendMatchesKeys(ctx, nil, keys, eagleKeys); err == nil {
-			for _, m := range matches {
-				score[byName[m.Worker]], device[byName[m.Worker]] = m.Score, m.Blocks
-			}
-		}
-		blocks := func(w int) float64 {
-			if o.isEagle(w) {
-				return float64(len(eagleKeys))
-			}
-			return float64(len(keys))
-		}
-		best, bestCost := 0, math.Inf(1)
-		for w := range engines {
-			if cost := blocks(w) - score[w] + load[w]; cost < bestCost {
-				best, bestCost = w, cost
-			}
-		}
-		load[best] += blocks(best) - score[best]
-		j := job{r: r, i: i, claimed: device[best]}
+		best, work := pk.pick(ctx, p, &req, load)
+		load[best] += work
+		j := job{r: r, i: i, claimed: pk.device[best]}
 		if req.Lora != "" {
-			plain = h.Prompt(plain[:0], tokens, o.blockSize)
-			eaglePlain = h.EaglePrompt(eaglePlain[:0], tokens, o.blockSize)
-			j.plain = blocksOf(ctx, p, engines[best].name, plain, eaglePlain)
+			pk.plain = pk.h.Prompt(pk.plain[:0], tokens, o.blockSize)
+			pk.eaglePlain = pk.h.EaglePrompt(pk.eaglePlain[:0], tokens, o.blockSize)
+			j.plain = blocksOf(ctx, p, engines[best].name, pk.plain, pk.eaglePlain)
 		}
 		engines[best].requests <- j
 		if now := time.Now(); now.After(nextProgress) {
@@ -484,6 +446,65 @@ func route(ctx context.Context, o options, reqs []sim.Request, first int, p *kvp
 		}
 	}
 	return len(reqs)
+}
+
+// waitDue waits for r's trace time, and reports false once ctx ended.
+func waitDue(ctx context.Context, o options, start time.Time, r *sim.Request) bool {
+	if o.speedup > 0 {
+		due := start.Add(time.Duration(float64(r.TimestampMs) / o.speedup * float64(time.Millisecond)))
+		if d := time.Until(due); d > 0 {
+			select {
+			case <-ctx.Done():
+				return false
+			case <-time.After(d):
+			}
+		}
+	}
+	return ctx.Err() == nil
+}
+
+// picker chooses a request's worker; it keeps its scratch between requests.
+type picker struct {
+	o                                  options
+	h                                  index.Hasher
+	byName                             map[string]int
+	keys, eagleKeys, plain, eaglePlain []uint64
+	score                              []float64
+	device                             []int
+}
+
+func newPicker(o options, engines []*engine) *picker {
+	pk := &picker{o: o, byName: map[string]int{}, score: make([]float64, len(engines)), device: make([]int, len(engines))}
+	for i, e := range engines {
+		pk.byName[e.name] = i
+	}
+	return pk
+}
+
+// pick returns the worker with the least prefill work for req (blocks it
+// does not hold, weighed by tier) plus load, and that work. Each kind of
+// worker is scored with its own kind of keys.
+func (pk *picker) pick(ctx context.Context, p *kvpipe.Pipeline, req *kvpipe.Request, load []float64) (best int, work float64) {
+	pk.keys = pk.h.RequestKeys(pk.keys[:0], req, pk.o.blockSize)
+	pk.eagleKeys = pk.h.EagleKeys(pk.eagleKeys[:0], req, pk.o.blockSize)
+	clear(pk.score)
+	clear(pk.device)
+	if matches, err := p.AppendMatchesKeys(ctx, nil, pk.keys, pk.eagleKeys); err == nil {
+		for _, m := range matches {
+			pk.score[pk.byName[m.Worker]], pk.device[pk.byName[m.Worker]] = m.Score, m.Blocks
+		}
+	}
+	bestCost := math.Inf(1)
+	for w := range pk.score {
+		blocks := float64(len(pk.keys))
+		if pk.o.isEagle(w) {
+			blocks = float64(len(pk.eagleKeys))
+		}
+		if cost := blocks - pk.score[w] + load[w]; cost < bestCost {
+			best, bestCost, work = w, cost, blocks-pk.score[w]
+		}
+	}
+	return best, work
 }
 
 // blocksOf is how many leading device blocks of keys (eagleKeys for an
