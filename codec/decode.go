@@ -613,7 +613,7 @@ func (d *Decoder) readHashes(p []byte, e *Event) ([]byte, error) {
 }
 
 // readTokens reads token_ids: an array of ints, or of bigrams [a, b] whose
-// chain it flattens (SGLang with EAGLE, docs/FORMAT.md §8.3).
+// chain it flattens (SGLang with EAGLE, docs/FORMAT.md §8.8).
 func (d *Decoder) readTokens(p []byte, e *Event) ([]byte, error) {
 	n, p, err := readArrayHeader(p, d.limits().MaxTokens)
 	if err != nil {

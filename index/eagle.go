@@ -2,7 +2,7 @@ package index
 
 import "github.com/kvpipe/kvpipe/codec/extrakeys"
 
-// EAGLE windows. An engine running EAGLE-family speculative decoding
+// EAGLE windows (docs/FORMAT.md §10.5). An engine running EAGLE-family speculative decoding
 // (SGLang's --speculative-algorithm EAGLE, EAGLE3, NEXTN, FROZEN_KV_MTP)
 // keys its radix cache by bigrams, so its block i of size bs holds the
 // bigrams of tokens [i·bs, (i+1)·bs], one token into the next block, and
