@@ -24,6 +24,8 @@ func FuzzDecode(f *testing.F) {
 		f.Add(AppendBatch(nil, &full, l))
 		extra := extraKeysBatch()
 		f.Add(AppendBatch(nil, &extra, l))
+		eagle := eagleBatch()
+		f.Add(AppendBatch(nil, &eagle, l))
 	}
 	d := NewDecoder()
 	var first, second Batch
