@@ -119,6 +119,7 @@ func TestRestartFromASnapshot(t *testing.T) {
 			e.remove(7)
 			e.parent = 0
 			e.store(prompt(3, 2), 16)
+			e.pub.Flush() // sent to nobody: the next router cannot receive them live
 
 			p2 := restoredPipeline(t, st)
 			runUntilCleanup(t, p2)
