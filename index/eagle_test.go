@@ -85,7 +85,7 @@ func TestEagleWindows(t *testing.T) {
 }
 
 // EagleKeys is EaglePrompt on the base model, and takes the namespace and
-// multimodal digests exactly as RequestKeys does; it allocates nothing.
+// multimodal digests exactly as RequestKeys does.
 func TestEagleKeysAsRequestKeys(t *testing.T) {
 	var h Hasher
 	toks := make([]uint32, 5*16+3)
@@ -112,6 +112,15 @@ func TestEagleKeysAsRequestKeys(t *testing.T) {
 	if !slices.Equal(x, y) {
 		t.Error("sorted and unsorted inputs key differently")
 	}
+}
+
+// EagleKeys allocates nothing when dst has room.
+func TestEagleKeysAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates on its own")
+	}
+	var h Hasher
+	toks := make([]uint32, 5*16+3)
 	dst := make([]uint64, 0, 8)
 	r := &Request{Tokens: toks, Salt: "s", MultiModal: []MultiModal{{Hash: "img", Offset: 20, Length: 30}}}
 	if n := testing.AllocsPerRun(50, func() { dst = h.EagleKeys(dst[:0], r, 16) }); n != 0 {
