@@ -23,10 +23,12 @@ const (
 	UnknownMedium                   // a medium this version does not know
 	UnknownEvent                    // a tag this version does not know
 	BlockSizeMismatch               // a block size the router cannot split into its own
+	UnreadableEvent                 // an event the decoder could not read (a field of the wrong type, ...)
 	NumReasons
 )
 
-var reasonNames = [NumReasons]string{"partial_block", "non_main_attention", "unlearned_group", "lower_tier", "unknown_medium", "unknown_event", "block_size"}
+var reasonNames = [NumReasons]string{"partial_block", "non_main_attention", "unlearned_group", "lower_tier", "unknown_medium", "unknown_event", "block_size",
+	"unreadable_event"}
 
 func (r Reason) String() string { return reasonNames[r] }
 
@@ -66,6 +68,10 @@ type Config struct {
 	// stream sequence), which the actor keeps for its snapshot. The ops are
 	// only valid during the call.
 	Publish func(ops []index.Op, o Origin) uint64
+	// Eagle: the engine runs EAGLE-family speculative decoding (SGLang's
+	// bigram keys), known before its first event. Without it the mode is
+	// learned from the events (Stats.Eagle); either way events decide.
+	Eagle bool
 }
 
 // Origin says where a batch of ops came from, for Config.Publish.
@@ -104,6 +110,10 @@ type Stats struct {
 	// SnapshotUnmapped the ones it named that this worker never told of
 	// (no tokens in a snapshot: their keys cannot be computed).
 	SnapshotBlocks, SnapshotUnmapped uint64
+	// Eagle: the worker's blocks are keyed over EAGLE windows (its last
+	// BlockStored with tokens sent bigrams, or Config.Eagle before any), so
+	// a request is matched against it with index.Hasher.EagleKeys.
+	Eagle bool
 }
 
 // Add adds o's counts to s, as when summing workers.
@@ -131,6 +141,7 @@ func (s *Stats) Add(o Stats) {
 	s.Partial = s.Partial || o.Partial
 	s.SnapshotBlocks += o.SnapshotBlocks
 	s.SnapshotUnmapped += o.SnapshotUnmapped
+	s.Eagle = s.Eagle || o.Eagle
 }
 
 // counters are the live Stats: written by the actor's goroutine, read by
@@ -146,6 +157,7 @@ type counters struct {
 	TierBlocks                       [index.NumTiers]atomic.Int64
 	Partial                          atomic.Bool
 	SnapshotBlocks, SnapshotUnmapped atomic.Uint64
+	Eagle                            atomic.Bool
 }
 
 func (c *counters) load() Stats {
@@ -158,6 +170,7 @@ func (c *counters) load() Stats {
 		Resyncs: c.Resyncs.Load(), DroppedBatches: c.DroppedBatches.Load(),
 		Partial:        c.Partial.Load(),
 		SnapshotBlocks: c.SnapshotBlocks.Load(), SnapshotUnmapped: c.SnapshotUnmapped.Load(),
+		Eagle: c.Eagle.Load(),
 	}
 	for i := range c.Filtered {
 		st.Filtered[i] = c.Filtered[i].Load()
@@ -266,6 +279,7 @@ func New(cfg Config) *Actor {
 		routerOf: make(map[uint64]block), mainGroup: make(map[int]bool)}
 	a.fresh = true
 	a.stats.Partial.Store(true)
+	a.stats.Eagle.Store(cfg.Eagle)
 	return a
 }
 
@@ -275,6 +289,10 @@ func (a *Actor) Stats() Stats { return a.stats.load() }
 // Partial reports Stats().Partial without reading the other counters, for
 // the read path.
 func (a *Actor) Partial() bool { return a.stats.Partial.Load() }
+
+// Eagle reports Stats().Eagle, for the read path: which keys to match the
+// worker with.
+func (a *Actor) Eagle() bool { return a.stats.Eagle.Load() }
 
 var (
 	_ wire.SnapshotHandler = (*Actor)(nil)
@@ -306,6 +324,10 @@ func (a *Actor) HandleBatch(seq uint64, payload []byte) {
 	}
 	if a.batch.Skipped > 0 {
 		a.stats.Filtered[UnknownEvent].Add(uint64(a.batch.Skipped))
+	}
+	if n := len(a.batch.Invalid); n > 0 { // the batch's other events still count
+		a.stats.Filtered[UnreadableEvent].Add(uint64(n))
+		a.warnf("unreadable events left out", "seq", seq, "count", n, "first", a.batch.Invalid[0])
 	}
 	for i := range a.batch.Events {
 		a.apply(&a.batch.Events[i])
@@ -500,40 +522,8 @@ func (a *Actor) unindex() {
 }
 
 func (a *Actor) store(e *codec.Event) {
-	size, bs := a.cfg.BlockSize, e.BlockSize
-	if a.fullSeen && bs < size {
-		a.stats.Filtered[PartialBlock].Add(1)
-		if a.cfg.Logger.Enabled(context.Background(), slog.LevelDebug) { // normal with vLLM: skip the boxing otherwise
-			a.cfg.Logger.Debug("kvpipe/actor: partial tail block dropped", "worker", a.cfg.Name, "block_size", bs)
-		}
-		return
-	}
-	if r, ok := a.filter(e); !ok {
-		a.stats.Filtered[r].Add(1)
-		return
-	}
-	k := 1 // router blocks per engine block
-	switch {
-	case bs == size:
-		a.fullSeen = true
-	case bs > size && bs%size == 0:
-		if k = bs / size; a.splitK == 0 {
-			a.splitK = k
-		} else if k != a.splitK { // the engine changed its block size without a clear
-			a.badSize(bs)
-			return
-		}
-		a.fullSeen = true
-	case bs <= 0:
-		a.stats.TokenMismatch.Add(1)
-		return
-	case bs < size:
-		// Before any full block: a misconfiguration, converted at its own
-		// size so that it shows (FORMAT.md §9.1).
-		a.stats.SizeWarnings.Add(1)
-		a.warnf("block size differs from the router's", "configured", size, "received", bs)
-	default:
-		a.badSize(bs)
+	k, ok := a.admit(e)
+	if !ok {
 		return
 	}
 	t := tierOf(e.Medium)
@@ -542,8 +532,9 @@ func (a *Actor) store(e *codec.Event) {
 		a.retier(e, t)
 		return
 	}
+	a.stats.Eagle.Store(e.Bigram) // the engine's mode, as its latest tokens show it
 	n := len(e.BlockHashes)
-	if whole := len(e.TokenIDs) / bs; whole < n {
+	if whole := wholeBlocks(e); whole < n {
 		a.stats.TokenMismatch.Add(1)
 		n = whole
 	}
@@ -564,9 +555,74 @@ func (a *Actor) store(e *codec.Event) {
 		}
 		parent, hasParent = p.key, true
 	}
-	var ns uint64 // the adapter and salt, mixed into a root's key
+	a.storeBlocks(e, n, k, t, parent, hasParent)
+}
+
+// wholeBlocks is how many blocks e's tokens cover: block i is tokens
+// [i·size, (i+1)·size), and one more token for a bigram event, whose key
+// is hashed over an EAGLE window (index.Hasher.EagleKeys).
+func wholeBlocks(e *codec.Event) int {
+	if e.Bigram {
+		return (len(e.TokenIDs) - 1) / e.BlockSize
+	}
+	return len(e.TokenIDs) / e.BlockSize
+}
+
+// admit applies the partial-tail, group, medium and size rules to a
+// BlockStored (docs/FORMAT.md §9.1) and returns the router blocks per
+// engine block, or false when the event is left out.
+func (a *Actor) admit(e *codec.Event) (int, bool) {
+	size, bs := a.cfg.BlockSize, e.BlockSize
+	if a.fullSeen && bs < size {
+		a.stats.Filtered[PartialBlock].Add(1)
+		if a.cfg.Logger.Enabled(context.Background(), slog.LevelDebug) { // normal with vLLM: skip the boxing otherwise
+			a.cfg.Logger.Debug("kvpipe/actor: partial tail block dropped", "worker", a.cfg.Name, "block_size", bs)
+		}
+		return 0, false
+	}
+	if r, ok := a.filter(e); !ok {
+		a.stats.Filtered[r].Add(1)
+		return 0, false
+	}
+	switch {
+	case bs == size:
+		a.fullSeen = true
+		return 1, true
+	case bs > size && bs%size == 0:
+		k := bs / size
+		if a.splitK == 0 {
+			a.splitK = k
+		} else if k != a.splitK { // the engine changed its block size without a clear
+			a.badSize(bs)
+			return 0, false
+		}
+		a.fullSeen = true
+		return k, true
+	case bs <= 0:
+		a.stats.TokenMismatch.Add(1)
+		return 0, false
+	case bs < size:
+		// Before any full block: a misconfiguration, converted at its own
+		// size so that it shows (FORMAT.md §9.1).
+		a.stats.SizeWarnings.Add(1)
+		a.warnf("block size differs from the router's", "configured", size, "received", bs)
+		return 1, true
+	}
+	a.badSize(bs)
+	return 0, false
+}
+
+// storeBlocks keys e's first n engine blocks, k router blocks each, under
+// parent, and stores them in tier t. A root's key takes the event's
+// namespace (adapter and salt), each block its extra-key digest.
+func (a *Actor) storeBlocks(e *codec.Event, n, k int, t index.Tier, parent uint64, hasParent bool) {
+	var ns uint64
 	if !hasParent {
 		ns = index.Namespace(e.LoraName, e.LoraID, e.HasLoraID, e.CacheSalt)
+	}
+	bs, over := e.BlockSize, 0
+	if e.Bigram {
+		over = 1 // an EAGLE window runs one token past its block
 	}
 	unit := bs / k
 	ext, extParent := e.ParentHash, e.HasParent
@@ -576,38 +632,46 @@ func (a *Actor) store(e *codec.Event) {
 		if i < len(e.BlockExtra) {
 			extra = e.BlockExtra[i]
 		}
-		toks := e.TokenIDs[i*bs : (i+1)*bs]
+		toks := e.TokenIDs[i*bs : (i+1)*bs+over]
 		a.keys = a.keys[:0]
 		for j := range k {
-			parent = a.hasher.Key(parent, hasParent, ns, extra, toks[j*unit:(j+1)*unit])
+			parent = a.hasher.Key(parent, hasParent, ns, extra, toks[j*unit:(j+1)*unit+over])
 			hasParent = true
 			a.keys = append(a.keys, parent)
 		}
 		h := e.BlockHashes[i]
-		old, known := a.routerOf[h]
-		if known && old.key == parent {
-			a.hold(h, old, t) // stored again: in the index already, unless in another tier
-		} else {
-			if known {
-				a.room(a.keysOf(old)*index.NumTiers + k)
-				for ot := range index.Tier(index.NumTiers) {
-					if old.held(a.gen)&bit(ot) != 0 {
-						a.emitKeys(index.OpRemove, ot, old, index.LinkNone, 0)
-					}
-				}
-				a.forget(h, old)
-			} else {
-				a.room(k)
-			}
-			b := block{key: parent, parent: ext, hasParent: extParent, gen: a.gen, tiers: bit(t), split: -1}
-			if k > 1 {
-				b.split = a.slot(a.keys[:k-1])
-			}
-			a.routerOf[h] = b
-			a.emitKeys(index.OpStore, t, b, link, linkParent)
-		}
+		a.place(h, block{key: parent, parent: ext, hasParent: extParent, gen: a.gen, tiers: bit(t), split: -1}, k, t, link, linkParent)
 		ext, extParent = h, true
 	}
+}
+
+// place maps engine block h to b, whose router keys are a.keys, and stores
+// it in tier t, its first key with link and parent (index.Op.Link): held
+// already under the same key, it is only added to t; under another key
+// (other tokens or another parent), its old keys leave every tier first.
+func (a *Actor) place(h uint64, b block, k int, t index.Tier, link index.Link, parent uint64) {
+	old, known := a.routerOf[h]
+	if known && old.key == b.key {
+		a.hold(h, old, t) // stored again: in the index already, unless in another tier
+		return
+	}
+	if known {
+		a.room(a.keysOf(old)*index.NumTiers + k)
+		for ot := range index.Tier(index.NumTiers) {
+			if old.held(a.gen)&bit(ot) != 0 {
+				a.emitKeys(index.OpRemove, ot, old, index.LinkNone, 0)
+			}
+		}
+		a.forget(h, old)
+	} else {
+		a.room(k)
+	}
+	b.gen = a.gen // room may have flushed, and a dropped flush starts a generation
+	if k > 1 {
+		b.split = a.slot(a.keys[:k-1])
+	}
+	a.routerOf[h] = b
+	a.emitKeys(index.OpStore, t, b, link, parent)
 }
 
 // retier handles a BlockStored without tokens (vLLM's offloading connector

@@ -515,6 +515,8 @@ func TestStreamDeletedUnderARunningRelay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ctx, cancel = context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
 	info, err := js.Stream(ctx, s.Stream)
 	if err != nil {
 		t.Fatal(err)
@@ -693,8 +695,10 @@ func TestWorkerRemovedAndAddedAgain(t *testing.T) {
 	if err := sameBlocks(rr.Pipeline(), r); err != nil {
 		t.Error(err)
 	}
-	if st := rr.Stats(); st.Duplicates != 0 || st.Resets != 0 {
-		t.Errorf("relay %+v: want no duplicate and no reset", st)
+	// A publish retried after its acknowledgement timed out (under load)
+	// is acknowledged as a copy of itself: only those may be duplicates.
+	if st := rr.Stats(); st.Duplicates > st.Retries || st.Resets != 0 {
+		t.Errorf("relay %+v: want no duplicate but of a retry, and no reset", st)
 	}
 }
 

@@ -89,6 +89,12 @@ type WorkerConfig struct {
 	// from which the worker is rebuilt after a loss; "" when it has none.
 	SnapshotEndpoint string
 	Topic            string // ZMQ topic prefix; the engines' default is ""
+	// Eagle: the engine runs EAGLE-family speculative decoding (SGLang
+	// with --speculative-algorithm EAGLE, EAGLE3, NEXTN), whose blocks are
+	// keyed over windows of BlockSize+1 tokens. Optional: the worker's mode
+	// is learned from its events (bigram token ids) in any case; this sets
+	// it before the first one.
+	Eagle bool
 }
 
 // Match is one worker's overlap with a request: its leading blocks cached.
@@ -107,6 +113,9 @@ type Match struct {
 	// a router may weigh it. It clears once the worker's history is whole
 	// again (a new incarnation from its first batch, or a cache clear).
 	Partial bool
+	// Eagle: the worker keys its blocks over EAGLE windows, and was
+	// matched with the request's EAGLE keys (index.Hasher.EagleKeys).
+	Eagle bool
 }
 
 // ErrClosed is returned once the pipeline has been shut down.
@@ -177,6 +186,18 @@ type worker struct {
 	ctx      context.Context             // ends when it stops
 	cancel   context.CancelFunc
 	done     chan struct{} // nil until started
+	eagleCfg bool          // WorkerConfig.Eagle: the mode until its actor runs
+}
+
+// eagle reports whether w's blocks are keyed over EAGLE windows.
+func (w *worker) eagle() bool {
+	if w.fed != nil {
+		return false
+	}
+	if a := w.actor.Load(); a != nil {
+		return a.Eagle()
+	}
+	return w.eagleCfg
 }
 
 // partial reports Match.Partial for w.
@@ -292,7 +313,7 @@ func (p *Pipeline) AddWorker(name string, wc WorkerConfig) error {
 	if err != nil {
 		return fmt.Errorf("kvpipe: worker %q: %w", name, err)
 	}
-	w := &worker{name: name, id: p.nextID, sub: sub}
+	w := &worker{name: name, id: p.nextID, sub: sub, eagleCfg: wc.Eagle}
 	p.nextID++
 	p.workers[name] = w
 	if p.phase == running {
@@ -364,10 +385,20 @@ type Request = index.Request
 
 // FindMatches hashes a base-model request's tokens into router blocks and
 // returns, for every worker holding its first block, how many leading
-// blocks it holds.
+// blocks it holds. Workers keyed over EAGLE windows are matched with the
+// prompt's EAGLE keys, the others with its plain keys: one hashing pass
+// for each kind of worker the pipeline has.
 func (p *Pipeline) FindMatches(ctx context.Context, tokens []uint32) ([]Match, error) {
 	var h index.Hasher
-	return p.FindMatchesKeys(ctx, h.Prompt(nil, tokens, p.cfg.BlockSize))
+	var keys, eagleKeys []uint64
+	plain, eagle := kinds(*p.list.Load())
+	if plain {
+		keys = h.Prompt(nil, tokens, p.cfg.BlockSize)
+	}
+	if eagle {
+		eagleKeys = h.EaglePrompt(nil, tokens, p.cfg.BlockSize)
+	}
+	return nilIfEmpty(p.AppendMatchesKeys(ctx, nil, keys, eagleKeys))
 }
 
 // FindMatchesRequest is FindMatches for a request on an adapter, with a
@@ -375,22 +406,57 @@ func (p *Pipeline) FindMatches(ctx context.Context, tokens []uint32) ([]Match, e
 // blocks of that request get, and no other request's.
 func (p *Pipeline) FindMatchesRequest(ctx context.Context, r *Request) ([]Match, error) {
 	var h index.Hasher
-	return p.FindMatchesKeys(ctx, h.RequestKeys(nil, r, p.cfg.BlockSize))
+	var keys, eagleKeys []uint64
+	plain, eagle := kinds(*p.list.Load())
+	if plain {
+		keys = h.RequestKeys(nil, r, p.cfg.BlockSize)
+	}
+	if eagle {
+		eagleKeys = h.EagleKeys(nil, r, p.cfg.BlockSize)
+	}
+	return nilIfEmpty(p.AppendMatchesKeys(ctx, nil, keys, eagleKeys))
 }
 
-// FindMatchesKeys is FindMatches for keys already hashed with index.Hasher.
-func (p *Pipeline) FindMatchesKeys(ctx context.Context, keys []uint64) ([]Match, error) {
-	matches, err := p.AppendMatches(ctx, nil, keys)
+// kinds reports whether ws has workers keyed plainly, and workers keyed
+// over EAGLE windows.
+func kinds(ws []*worker) (plain, eagle bool) {
+	for _, w := range ws {
+		if w.eagle() {
+			eagle = true
+		} else {
+			plain = true
+		}
+	}
+	return plain, eagle
+}
+
+func nilIfEmpty(matches []Match, err error) ([]Match, error) {
 	if len(matches) == 0 {
 		matches = nil
 	}
 	return matches, err
 }
 
+// FindMatchesKeys is FindMatches for keys already hashed with index.Hasher
+// (Prompt or RequestKeys). Workers keyed over EAGLE windows are left out:
+// FindMatchesKeys' keys are not theirs (see AppendMatchesKeys).
+func (p *Pipeline) FindMatchesKeys(ctx context.Context, keys []uint64) ([]Match, error) {
+	return nilIfEmpty(p.AppendMatches(ctx, nil, keys))
+}
+
 // AppendMatches is FindMatchesKeys appending to dst: with room in dst it
 // allocates nothing. It reads the index on the calling goroutine and never
 // waits for a worker or a shard; the README says what an answer reflects.
 func (p *Pipeline) AppendMatches(ctx context.Context, dst []Match, keys []uint64) ([]Match, error) {
+	return p.AppendMatchesKeys(ctx, dst, keys, nil)
+}
+
+// AppendMatchesKeys is AppendMatches for a router that hashes both kinds
+// of keys itself: workers keyed plainly are matched with keys (Prompt,
+// RequestKeys), workers keyed over EAGLE windows with eagleKeys
+// (EaglePrompt, EagleKeys). A nil slice leaves its kind of worker out.
+// Match.Eagle says which keys a worker's answer used.
+func (p *Pipeline) AppendMatchesKeys(ctx context.Context, dst []Match, keys, eagleKeys []uint64) ([]Match, error) {
 	shards := p.shards.Load()
 	if shards == nil {
 		select {
@@ -401,6 +467,21 @@ func (p *Pipeline) AppendMatches(ctx context.Context, dst []Match, keys []uint64
 		}
 	}
 	start := time.Now()
+	var err error
+	if keys != nil {
+		dst, err = p.appendKind(ctx, shards, dst, keys, false)
+	}
+	if err == nil && eagleKeys != nil {
+		dst, err = p.appendKind(ctx, shards, dst, eagleKeys, true)
+	}
+	if err == nil {
+		p.latency.Observe(time.Since(start).Seconds())
+	}
+	return dst, err
+}
+
+// appendKind appends the matches of keys for the workers of one kind.
+func (p *Pipeline) appendKind(ctx context.Context, shards *index.Shards, dst []Match, keys []uint64, eagle bool) ([]Match, error) {
 	scratch := p.scores.Get().(*[]index.Score)
 	defer p.scores.Put(scratch)
 	scores, err := shards.FindMatches(ctx, (*scratch)[:0], keys)
@@ -411,12 +492,12 @@ func (p *Pipeline) AppendMatches(ctx context.Context, dst []Match, keys []uint64
 	if err != nil {
 		return dst, err
 	}
-	p.latency.Observe(time.Since(start).Seconds())
 	names := *p.names.Load()
 	for _, sc := range scores {
-		if w, ok := names[sc.Worker]; ok { // a worker removed meanwhile is left out
+		// A worker removed meanwhile is left out, and so is one of the other kind.
+		if w, ok := names[sc.Worker]; ok && w.eagle() == eagle {
 			dst = append(dst, Match{Worker: w.name, Blocks: sc.Blocks, Tiers: sc.Tiers, Score: sc.Weighted(p.cfg.TierWeights),
-				Partial: w.partial()})
+				Partial: w.partial(), Eagle: eagle})
 		}
 	}
 	return dst, nil
@@ -546,6 +627,7 @@ func (p *Pipeline) Stats() Stats {
 			ws.Actor = a.Stats()
 		} else {
 			ws.Actor.Partial = true // never started: nothing of it is known
+			ws.Actor.Eagle = w.eagleCfg
 		}
 		snap.Workers = append(snap.Workers, ws)
 	}
@@ -581,7 +663,7 @@ func (p *Pipeline) start(w *worker) {
 	w.ctx, w.cancel, w.done = ctx, cancel, make(chan struct{})
 	ac := actor.Config{Worker: w.id, Name: w.name, BlockSize: p.cfg.BlockSize,
 		Shard: p.shards.Load().Queue(w.id), Backpressure: p.cfg.Backpressure, Weights: p.cfg.TierWeights, Done: ctx.Done(),
-		Logger: p.cfg.Logger}
+		Logger: p.cfg.Logger, Eagle: w.eagleCfg}
 	if publish := p.cfg.Publish; publish != nil {
 		ac.Publish = func(ops []index.Op, o actor.Origin) uint64 { return publish(ctx, w.name, ops, o) }
 	}
