@@ -9,10 +9,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/pace"
 	"github.com/kvpipe/kvpipe/snapshot"
-	"github.com/kvpipe/kvpipe/supervisor"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -22,7 +22,7 @@ type FollowerConfig struct {
 	Logger   *slog.Logger
 }
 
-// Follower is a supervisor.Source that feeds a router's Pipeline from a
+// Follower is a kvpipe.Source that feeds a router's Pipeline from a
 // relay's stream instead of the engines: it starts from the newest
 // snapshot in the bucket, if the stream still holds every message after
 // it, and then applies the stream's messages in order with one ordered
@@ -105,7 +105,7 @@ func NewFollower(js jetstream.JetStream, cfg FollowerConfig) (*Follower, error) 
 	return &Follower{js: js, cfg: cfg, log: cfg.Logger, fed: map[string]bool{}, warn: pace.Limiter{Every: time.Second}}, nil
 }
 
-var _ supervisor.Source = (*Follower)(nil)
+var _ kvpipe.Source = (*Follower)(nil)
 
 // followed is what a run knows of one worker.
 type followed struct {
@@ -118,7 +118,7 @@ type followed struct {
 var errGap = errors.New("relay: the stream no longer holds messages the follower has not read")
 
 // Run feeds f's pipeline until ctx ends (nil) or the stream fails it.
-func (f *Follower) Run(ctx context.Context, feed *supervisor.Feed) error {
+func (f *Follower) Run(ctx context.Context, feed *kvpipe.Feed) error {
 	if f.busy.Swap(true) {
 		return errors.New("relay: Follower.Run called again while running")
 	}
@@ -131,7 +131,7 @@ func (f *Follower) Run(ctx context.Context, feed *supervisor.Feed) error {
 	return err
 }
 
-func (f *Follower) run(ctx context.Context, feed *supervisor.Feed) error {
+func (f *Follower) run(ctx context.Context, feed *kvpipe.Feed) error {
 	s := f.cfg.Settings
 	stream, err := f.js.Stream(ctx, s.Stream)
 	if err != nil {
@@ -233,7 +233,7 @@ func (f *Follower) run(ctx context.Context, feed *supervisor.Feed) error {
 }
 
 // handle applies the message at seq, unless the snapshot covers it.
-func (f *Follower) handle(ctx context.Context, feed *supervisor.Feed, workers map[string]*followed, msg jetstream.Msg,
+func (f *Follower) handle(ctx context.Context, feed *kvpipe.Feed, workers map[string]*followed, msg jetstream.Msg,
 	seq, base uint64, defaultWhole bool) error {
 	s := f.cfg.Settings
 	w := workers[msg.Subject()]
@@ -360,7 +360,7 @@ func check(snap *snapshot.Snapshot, meta SnapshotMeta, info *jetstream.StreamInf
 // applySnapshot rebuilds every worker of snap, removes the workers of an
 // earlier run that snap does not have, and fills workers with what the run
 // knows of each.
-func (f *Follower) applySnapshot(ctx context.Context, feed *supervisor.Feed, snap *snapshot.Snapshot, base uint64, workers map[string]*followed) error {
+func (f *Follower) applySnapshot(ctx context.Context, feed *kvpipe.Feed, snap *snapshot.Snapshot, base uint64, workers map[string]*followed) error {
 	in := map[string]bool{}
 	for i := range snap.Workers {
 		in[string(snap.Workers[i].Name)] = true

@@ -7,10 +7,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvpipe/kvpipe/actor"
+	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/pace"
-	"github.com/kvpipe/kvpipe/supervisor"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -143,7 +142,7 @@ func (ru *run) forget(worker string, ps *pubState) {
 // (flush tells a snapshot the one covering this message). It waits only
 // while the worker's window is full, and, for a removal, until the stream
 // has it.
-func (ru *run) publish(ctx context.Context, worker string, ops []index.Op, o actor.Origin) uint64 {
+func (ru *run) Ops(ctx context.Context, worker string, ops []index.Op, o kvpipe.Origin) uint64 {
 	r := ru.r
 	ps, ok := ru.state(ctx, worker)
 	if !ok {
@@ -265,7 +264,7 @@ func (ru *run) enqueue(ctx context.Context, ps *pubState, e *entry) bool {
 
 // flush is the pipeline's Flush: it waits until every message the worker
 // made is settled and returns the stream sequence of the last.
-func (ru *run) flush(ctx context.Context, worker string) (uint64, error) {
+func (ru *run) Flush(ctx context.Context, worker string) (uint64, error) {
 	ps, ok := ru.state(ctx, worker)
 	if !ok {
 		return 0, context.Cause(ctx)
@@ -432,7 +431,7 @@ func (ru *run) part(worker string, ps *pubState, why string) {
 		if err == nil {
 			r.stats.republished.Add(1)
 		}
-		if err == nil || errors.Is(err, supervisor.ErrNoWorker) || errors.Is(err, supervisor.ErrClosed) || ru.settleCtx.Err() != nil {
+		if err == nil || errors.Is(err, kvpipe.ErrNoWorker) || errors.Is(err, kvpipe.ErrClosed) || ru.settleCtx.Err() != nil {
 			return // done, removed meanwhile, or the relay is stopping
 		}
 		r.log.Error("kvpipe/relay: worker's state not published again; removing and adding it", "worker", worker, "err", err)

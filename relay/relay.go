@@ -10,9 +10,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/internal/pace"
 	"github.com/kvpipe/kvpipe/snapshot"
-	"github.com/kvpipe/kvpipe/supervisor"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -24,7 +24,7 @@ type Config struct {
 	// its Publish, and Publish and Source must be unset. Its Backpressure
 	// must be Block: a dropped batch would resync the worker, and two
 	// relays would then part ways (see the message ids).
-	Pipeline supervisor.Config
+	Pipeline kvpipe.Config
 	// SnapshotEvery is how often the relay writes its snapshot (default
 	// 15s); it writes one more when Run's context ends.
 	SnapshotEvery time.Duration
@@ -58,7 +58,7 @@ type Config struct {
 // last snapshot; it is exported for logs.
 var ErrStreamChanged = errors.New("relay: the stream was deleted or made again under the relay")
 
-// Relay subscribes to engines through a supervisor.Pipeline and publishes
+// Relay subscribes to engines through a kvpipe.Pipeline and publishes
 // each worker's normalised index ops to the stream, one message per batch
 // of ops, up to MaxInFlight of them unacknowledged; every SnapshotEvery
 // it writes the pipeline's snapshot, with the stream sequence each worker
@@ -75,7 +75,7 @@ type Relay struct {
 	stats  counters
 
 	mu      sync.Mutex
-	workers map[string]supervisor.WorkerConfig
+	workers map[string]kvpipe.WorkerConfig
 	cur     *run // the pipeline running, or to run next
 	ran     bool
 
@@ -138,9 +138,9 @@ func New(js jetstream.JetStream, cfg Config) (*Relay, error) {
 		return nil, err
 	}
 	switch {
-	case cfg.Pipeline.Publish != nil || cfg.Pipeline.Source != nil:
-		return nil, errors.New("relay: Pipeline.Publish and Pipeline.Source must be unset: the relay sets Publish")
-	case cfg.Pipeline.Backpressure != supervisor.Block:
+	case cfg.Pipeline.Tap != nil || cfg.Pipeline.Source != nil:
+		return nil, errors.New("relay: Pipeline.Tap and Pipeline.Source must be unset: the relay sets Tap")
+	case cfg.Pipeline.Backpressure != kvpipe.Block:
 		return nil, errors.New("relay: Pipeline.Backpressure must be Block")
 	case cfg.SnapshotEvery < 0 || cfg.PublishTimeout < 0 || cfg.ShutdownTimeout < 0:
 		return nil, errors.New("relay: durations must not be negative")
@@ -193,7 +193,7 @@ func New(js jetstream.JetStream, cfg Config) (*Relay, error) {
 		return nil, err
 	}
 	r := &Relay{js: js, pub: pub, window: window, cfg: cfg, log: cfg.Logger, nonce: rand.Uint64(),
-		workers: map[string]supervisor.WorkerConfig{}, warn: pace.Limiter{Every: time.Second}}
+		workers: map[string]kvpipe.WorkerConfig{}, warn: pace.Limiter{Every: time.Second}}
 	// The first pipeline is made now so that AddWorker checks each
 	// worker's config at once, as a Pipeline's does.
 	if r.cur, err = r.newRun(); err != nil {
@@ -206,7 +206,7 @@ func New(js jetstream.JetStream, cfg Config) (*Relay, error) {
 // another when the stream is made again under it.
 type run struct {
 	r *Relay
-	p *supervisor.Pipeline
+	p *kvpipe.Pipeline
 	// Set by Run before the pipeline runs, read-only after.
 	stream  jetstream.Stream
 	store   *ObjectStore
@@ -232,8 +232,8 @@ func (r *Relay) newRun() (*run, error) {
 	ru := &run{r: r, pubs: map[string]*pubState{}, gone: map[string]lineage{}}
 	ru.settleCtx, ru.stopSettling = context.WithCancel(context.Background())
 	pc := r.cfg.Pipeline
-	pc.Publish, pc.Flush = ru.publish, ru.flush
-	p, err := supervisor.New(pc)
+	pc.Tap = ru
+	p, err := kvpipe.New(pc)
 	if err != nil {
 		return nil, err
 	}
@@ -243,11 +243,11 @@ func (r *Relay) newRun() (*run, error) {
 
 // AddWorker subscribes to one engine, as Pipeline.AddWorker does; the
 // relay keeps its config across its pipelines.
-func (r *Relay) AddWorker(name string, wc supervisor.WorkerConfig) error {
+func (r *Relay) AddWorker(name string, wc kvpipe.WorkerConfig) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.cur == nil {
-		return supervisor.ErrClosed
+		return kvpipe.ErrClosed
 	}
 	if err := r.cur.p.AddWorker(name, wc); err != nil {
 		return err
@@ -264,7 +264,7 @@ func (r *Relay) RemoveWorker(ctx context.Context, name string) error {
 	r.mu.Lock()
 	if _, ok := r.workers[name]; !ok {
 		r.mu.Unlock()
-		return fmt.Errorf("%w: %q", supervisor.ErrNoWorker, name)
+		return fmt.Errorf("%w: %q", kvpipe.ErrNoWorker, name)
 	}
 	delete(r.workers, name)
 	ru := r.cur
@@ -277,7 +277,7 @@ func (r *Relay) RemoveWorker(ctx context.Context, name string) error {
 
 // Pipeline is the pipeline the relay runs now (another one after the stream
 // was made again under it): its FindMatches answers as a router's would.
-func (r *Relay) Pipeline() *supervisor.Pipeline {
+func (r *Relay) Pipeline() *kvpipe.Pipeline {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.cur == nil {
@@ -298,7 +298,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.mu.Lock()
 	if r.ran {
 		r.mu.Unlock()
-		return supervisor.ErrRunning
+		return kvpipe.ErrRunning
 	}
 	r.ran = true
 	ru := r.cur

@@ -30,8 +30,8 @@ import (
 	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/codec"
-	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/sim"
+	"github.com/kvpipe/kvpipe/metrics"
 	"github.com/kvpipe/kvpipe/snapshot"
 	"github.com/kvpipe/kvpipe/wire/wiretest"
 	"github.com/prometheus/client_golang/prometheus"
@@ -285,10 +285,15 @@ type router struct {
 // startRouter runs a Pipeline on the engines, restored from snap when it
 // is not nil, and waits until it is connected to each of them.
 func startRouter(ctx context.Context, o options, engines []*engine, reg prometheus.Registerer, snap *snapshot.Snapshot, stderr io.Writer) (*router, error) {
-	p, err := kvpipe.New(kvpipe.Config{BlockSize: o.blockSize, Shards: o.shards, Registry: reg,
+	p, err := kvpipe.New(kvpipe.Config{BlockSize: o.blockSize, Shards: o.shards,
 		Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		return nil, err
+	}
+	if reg != nil {
+		if err := reg.Register(metrics.NewCollector(p.Stats)); err != nil {
+			return nil, err
+		}
 	}
 	if snap != nil {
 		if err := p.Restore(snap); err != nil {
@@ -385,7 +390,7 @@ func (c *claims) add(j job, held int) {
 // FindMatchesRequest) plus queued work.
 // The requests are the trace's from first on; it returns how many it routed.
 func route(ctx context.Context, o options, reqs []sim.Request, first int, p *kvpipe.Pipeline, engines []*engine, stderr io.Writer, start time.Time) int {
-	var h index.Hasher
+	var h kvpipe.Hasher
 	load := make([]float64, len(engines)) // blocks of recent work, decaying
 	const tau = 5000.0                    // trace milliseconds for load to decay by e
 	var tokens []uint32

@@ -10,10 +10,8 @@ import (
 	"time"
 
 	"github.com/kvpipe/kvpipe"
-	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/sim"
 	"github.com/kvpipe/kvpipe/relay"
-	"github.com/kvpipe/kvpipe/supervisor"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -92,7 +90,7 @@ func runNATS(ctx context.Context, o options, reqs []sim.Request, source string, 
 		if err != nil {
 			return err
 		}
-		rl, err := relay.New(rjs, relay.Config{Pipeline: supervisor.Config{BlockSize: o.blockSize, Shards: o.shards, Logger: logger},
+		rl, err := relay.New(rjs, relay.Config{Pipeline: kvpipe.Config{BlockSize: o.blockSize, Shards: o.shards, Logger: logger},
 			SnapshotEvery: 2 * time.Second, Lease: lease})
 		if err != nil {
 			return err
@@ -327,7 +325,7 @@ func caughtUp(ctx context.Context, rp *replica, last uint64, since time.Time) (t
 // sameIndex asks both pipelines about every request and compares their
 // answers worker by worker and tier by tier, and their blocks per tier.
 func sameIndex(ctx context.Context, o options, reqs []sim.Request, a, b *kvpipe.Pipeline) (bool, int) {
-	var h index.Hasher
+	var h kvpipe.Hasher
 	var tokens []uint32
 	var keys []uint64
 	var ma, mb []kvpipe.Match
