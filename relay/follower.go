@@ -51,7 +51,7 @@ type Follower struct {
 	snap     snapshot.Snapshot
 	buf      []byte
 	ops      []index.Op
-	warn     pace.Limiter
+	warn     *pace.Warner
 	lastSeen uint64 // the stream sequence of the last message handled in this run
 	// applied, when set (benchmarks), sees each message's sequence and
 	// worker once it is handed to the pipeline.
@@ -102,7 +102,7 @@ func NewFollower(js jetstream.JetStream, cfg FollowerConfig) (*Follower, error) 
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Follower{js: js, cfg: cfg, log: cfg.Logger, fed: map[string]bool{}, warn: pace.Limiter{Every: time.Second}}, nil
+	return &Follower{js: js, cfg: cfg, log: cfg.Logger, fed: map[string]bool{}, warn: pace.NewWarner(cfg.Logger, "kvpipe/relay: ")}, nil
 }
 
 var _ kvpipe.Source = (*Follower)(nil)
@@ -402,7 +402,5 @@ func (f *Follower) refuse(reason string) {
 
 func (f *Follower) badMessage(seq uint64, subject string, err error) {
 	f.stats.bad.Add(1)
-	if n, ok := f.warn.Allow(time.Now()); ok {
-		f.log.Warn("kvpipe/relay: bad message skipped", "seq", seq, "subject", subject, "err", err, "suppressed", n)
-	}
+	f.warn.Warn("bad message skipped", "seq", seq, "subject", subject, "err", err)
 }

@@ -378,7 +378,7 @@ func (ru *run) ack(worker string, ps *pubState, e *entry) *jetstream.PubAck {
 		case a := <-e.fut.Ok():
 			return a
 		case err := <-e.fut.Err():
-			r.warnf("publish failed; sending it again", "worker", worker, "err", err)
+			r.warn.Warn("publish failed; sending it again", "worker", worker, "err", err)
 		case <-ctx.Done():
 			return nil
 		}
@@ -400,7 +400,7 @@ func (ru *run) ack(worker string, ps *pubState, e *entry) *jetstream.PubAck {
 		if ctx.Err() != nil {
 			return nil
 		}
-		r.warnf("publish failed; trying again", "worker", worker, "err", err)
+		r.warn.Warn("publish failed; trying again", "worker", worker, "err", err)
 		if !pace.Sleep(ctx, backoff.Next()) {
 			return nil
 		}

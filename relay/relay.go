@@ -79,8 +79,7 @@ type Relay struct {
 	cur     *run // the pipeline running, or to run next
 	ran     bool
 
-	warnMu sync.Mutex
-	warn   pace.Limiter
+	warn *pace.Warner
 }
 
 // Stats are a relay's counters.
@@ -193,7 +192,7 @@ func New(js jetstream.JetStream, cfg Config) (*Relay, error) {
 		return nil, err
 	}
 	r := &Relay{js: js, pub: pub, window: window, cfg: cfg, log: cfg.Logger, nonce: rand.Uint64(),
-		workers: map[string]kvpipe.WorkerConfig{}, warn: pace.Limiter{Every: time.Second}}
+		workers: map[string]kvpipe.WorkerConfig{}, warn: pace.NewWarner(cfg.Logger, "kvpipe/relay: ")}
 	// The first pipeline is made now so that AddWorker checks each
 	// worker's config at once, as a Pipeline's does.
 	if r.cur, err = r.newRun(); err != nil {
@@ -674,16 +673,4 @@ func (ru *run) snapshot(ctx context.Context) error {
 	r.stats.snapshots.Add(1)
 	r.stats.snapshotBytes.Store(uint64(len(data)))
 	return nil
-}
-
-func (r *Relay) warnf(msg string, args ...any) {
-	r.warnMu.Lock()
-	n, ok := r.warn.Allow(time.Now())
-	r.warnMu.Unlock()
-	if ok {
-		if n > 0 {
-			args = append(args, "suppressed", n)
-		}
-		r.log.Warn("kvpipe/relay: "+msg, args...)
-	}
 }

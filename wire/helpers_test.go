@@ -185,3 +185,8 @@ func rawSync(t *testing.T, rec *recorder, send func()) {
 		rec.next(t)
 	}
 }
+
+// The engine snapshot's calls: no wire test gives a SnapshotEndpoint.
+func (r *recorder) HandleEngineSnapshotBegin()        {}
+func (r *recorder) HandleEngineSnapshot(chunk []byte) {}
+func (r *recorder) HandleEngineSnapshotEnd(ok bool)   {}

@@ -1,0 +1,310 @@
+package actor
+
+import (
+	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/index"
+)
+
+// block is what the actor knows of one engine block.
+type block struct {
+	key    uint64 // the router's key (of its last router block, when split)
+	parent uint64 // the engine's hash of its parent
+	gen    uint32 // the generation tiers was set in
+	// split >= 0: the slot of its first router keys in splitKeys, for an
+	// engine block of several router blocks.
+	split     int32
+	hasParent bool
+	tiers     uint8 // the tiers the index holds it in, as of gen
+	// restored: the tiers a snapshot says it is in, indexed once the
+	// snapshot's position is proven (Actor.pending).
+	restored uint8
+}
+
+// held returns the tiers the index holds b in now.
+func (b block) held(gen uint32) uint8 {
+	if b.gen != gen {
+		return 0
+	}
+	return b.tiers
+}
+
+func bit(t index.Tier) uint8 { return 1 << t }
+
+// maxKept bounds the blocks a resync keeps mapped: a mapping this large
+// after losses holds many blocks the engine evicted unseen, so it is dropped.
+const maxKept = 1 << 21
+
+// mapping is what one worker told of its blocks, and which of them the
+// index holds: every change to it emits the ops that keep the index true.
+type mapping struct {
+	// routerOf maps the engine's block hash to the router's, for chaining
+	// parents and for removes. It survives a resync within one engine
+	// incarnation (engine hashes are content hashes), so that blocks under a
+	// prefix the engine still holds keep their true keys.
+	routerOf map[uint64]block
+	// gen counts the worker's index clears; a block is in the index only if
+	// it was stored in the current generation.
+	gen uint32
+	// fullSeen: this worker published a block of the router's size that
+	// passed group filtering.
+	fullSeen bool
+	// usedTiers: the tiers this worker stored blocks in since its entries
+	// were last cleared whole.
+	usedTiers uint8
+	// sizeWarned: a block size the router cannot split was warned about.
+	sizeWarned bool
+	// An engine block of splitK router blocks (splitK > 1) keeps its last
+	// router key; its first splitK-1 live in a slot of splitKeys, reused
+	// through freeSlots.
+	splitK    int
+	splitKeys []uint64
+	freeSlots []int32
+	keys      []uint64 // scratch: one engine block's router keys
+	hasher    index.Hasher
+	out       *outbox
+	stats     *counters
+}
+
+// clear forgets every block of the worker and its full-block history: an
+// engine that comes back with another block size must warn again.
+func (m *mapping) clear() {
+	clear(m.routerOf)
+	m.usedTiers = 0
+	m.splitK, m.splitKeys, m.freeSlots = 0, m.splitKeys[:0], m.freeSlots[:0]
+	m.sizeWarned = false
+	m.unindex()
+}
+
+// clearTier empties one tier of the worker, in the index and in the
+// mapping, and keeps what its other tiers hold. It walks the mapping, but
+// only for an engine that clears one tier of several.
+func (m *mapping) clearTier(t index.Tier) {
+	m.out.room(1)
+	for ext, b := range m.routerOf {
+		if b.gen != m.gen || b.tiers&bit(t) == 0 {
+			continue // not in the tier (or kept through a resync, tiers unknown)
+		}
+		if b.tiers &^= bit(t); b.tiers == 0 {
+			m.forget(ext, b)
+		} else {
+			m.routerOf[ext] = b
+		}
+	}
+	m.usedTiers &^= bit(t)
+	if t == index.TierDevice {
+		m.fullSeen = false
+	}
+	m.out.emit(index.OpClearTier, t, 0)
+}
+
+// forget drops ext from the mapping, and its split keys' slot.
+func (m *mapping) forget(ext uint64, b block) {
+	delete(m.routerOf, ext)
+	if b.split >= 0 {
+		m.freeSlots = append(m.freeSlots, b.split)
+	}
+}
+
+// unindex clears the worker in the index but keeps the block mapping: its
+// entries become known but not indexed. The tiers it used are kept: the
+// engine may still hold blocks in them.
+func (m *mapping) unindex() {
+	m.out.room(1)
+	if len(m.routerOf) > maxKept {
+		m.routerOf = make(map[uint64]block) // not clear: give its peak memory back
+		m.splitK, m.splitKeys, m.freeSlots = 0, nil, nil
+	}
+	m.gen++
+	m.fullSeen = false
+	m.out.emit(index.OpClearWorker, 0, 0)
+}
+
+// dropped: the outbox dropped a batch, so the index lost its ops: a new
+// generation, with the mapping still true (the engine is the same).
+func (m *mapping) dropped() {
+	m.gen++
+	m.fullSeen = false
+}
+
+// remove takes the engine blocks hashes out of tier t.
+func (m *mapping) remove(hashes []uint64, t index.Tier) {
+	for _, ext := range hashes {
+		b, ok := m.routerOf[ext]
+		if !ok {
+			m.stats.UnknownRemove.Add(1)
+			continue
+		}
+		m.out.room(m.keysOf(b))
+		if b.gen != m.gen {
+			// Kept through a resync, its tiers unknown: gone from the
+			// device, it is forgotten as before tiers; gone from another
+			// tier, the device may still hold it.
+			if t == index.TierDevice {
+				m.forget(ext, b)
+			}
+			continue
+		}
+		if b.tiers&bit(t) != 0 {
+			m.emitKeys(index.OpRemove, t, b)
+		}
+		if b.tiers &^= bit(t); b.tiers == 0 {
+			m.forget(ext, b)
+		} else {
+			m.routerOf[ext] = b // still held in another tier
+		}
+	}
+}
+
+// store keys and stores the blocks of a BlockStored event with tokens, of
+// k router blocks each, in tier t.
+func (m *mapping) store(e *codec.Event, t index.Tier, k int) {
+	bs := e.BlockSize
+	n := len(e.BlockHashes)
+	if whole := len(e.TokenIDs) / bs; whole < n {
+		m.stats.TokenMismatch.Add(1)
+		n = whole
+	}
+	parent, hasParent := uint64(0), false
+	if e.HasParent {
+		p, ok := m.routerOf[e.ParentHash]
+		if !ok {
+			// Its key chains through blocks this worker never told us of
+			// (history lost, or the router joined late): no prompt could
+			// hash to a key made up here, so the blocks stay out.
+			m.stats.UnknownParent.Add(1)
+			return
+		}
+		if t == index.TierDevice {
+			// The engine built on the parent on device, so it holds the
+			// parent's prefix there.
+			m.reindex(e.ParentHash)
+		}
+		parent, hasParent = p.key, true
+	}
+	var ns uint64 // the adapter and salt, mixed into a root's key
+	if !hasParent {
+		ns = index.Namespace(e.LoraName, e.LoraID, e.HasLoraID, e.CacheSalt)
+	}
+	unit := bs / k
+	ext, extParent := e.ParentHash, e.HasParent
+	for i := range n {
+		var extra uint64
+		if i < len(e.BlockExtra) {
+			extra = e.BlockExtra[i]
+		}
+		toks := e.TokenIDs[i*bs : (i+1)*bs]
+		m.keys = m.keys[:0]
+		for j := range k {
+			parent = m.hasher.Key(parent, hasParent, ns, extra, toks[j*unit:(j+1)*unit])
+			hasParent = true
+			m.keys = append(m.keys, parent)
+		}
+		h := e.BlockHashes[i]
+		m.put(h, block{key: parent, parent: ext, hasParent: extParent, tiers: bit(t), split: -1}, t, k)
+		ext, extParent = h, true
+	}
+}
+
+// put stores the engine block h, keyed b.key (and m.keys before it), in
+// tier t: a block stored again under its key only gains the tier; one
+// whose key changed leaves the index under its old keys first.
+func (m *mapping) put(h uint64, b block, t index.Tier, k int) {
+	old, known := m.routerOf[h]
+	if known && old.key == b.key {
+		m.hold(h, old, t) // stored again: in the index already, unless in another tier
+		return
+	}
+	if known {
+		m.out.room(m.keysOf(old)*index.NumTiers + k)
+		for ot := range index.Tier(index.NumTiers) {
+			if old.held(m.gen)&bit(ot) != 0 {
+				m.emitKeys(index.OpRemove, ot, old)
+			}
+		}
+		m.forget(h, old)
+	} else {
+		m.out.room(k)
+	}
+	b.gen = m.gen
+	if k > 1 {
+		b.split = m.slot(m.keys[:k-1])
+	}
+	m.routerOf[h] = b
+	m.emitKeys(index.OpStore, t, b)
+}
+
+// retier handles a BlockStored without tokens (vLLM's offloading connector
+// names the blocks it copied to another tier by hash alone): blocks this
+// worker told of go into the tier under their keys; others cannot be keyed.
+func (m *mapping) retier(e *codec.Event, t index.Tier) {
+	for _, h := range e.BlockHashes {
+		b, ok := m.routerOf[h]
+		if !ok {
+			m.stats.TokenMismatch.Add(1)
+			continue
+		}
+		m.hold(h, b, t)
+	}
+}
+
+// slot stores the first router keys of a split engine block and returns
+// their slot.
+func (m *mapping) slot(keys []uint64) int32 {
+	if n := len(m.freeSlots); n > 0 {
+		s := m.freeSlots[n-1]
+		m.freeSlots = m.freeSlots[:n-1]
+		copy(m.splitKeys[int(s)*len(keys):], keys)
+		return s
+	}
+	m.splitKeys = append(m.splitKeys, keys...)
+	return int32(len(m.splitKeys)/len(keys) - 1)
+}
+
+// hold puts the known block h in tier t of the index, unless it is there,
+// and reports whether it did.
+func (m *mapping) hold(h uint64, b block, t index.Tier) bool {
+	m.out.room(m.keysOf(b))
+	held := b.held(m.gen)
+	if held&bit(t) != 0 {
+		return false
+	}
+	b.gen, b.tiers = m.gen, held|bit(t)
+	m.routerOf[h] = b
+	m.usedTiers |= bit(t)
+	m.emitKeys(index.OpStore, t, b)
+	return true
+}
+
+// keysOf is the number of router keys of b.
+func (m *mapping) keysOf(b block) int {
+	if b.split >= 0 {
+		return m.splitK
+	}
+	return 1
+}
+
+// emitKeys sends one op for each router key of b, first to last.
+func (m *mapping) emitKeys(kind index.OpKind, t index.Tier, b block) {
+	if b.split >= 0 {
+		n := m.splitK - 1
+		for _, k := range m.splitKeys[int(b.split)*n : int(b.split+1)*n] {
+			m.out.emit(kind, t, k)
+		}
+	}
+	m.out.emit(kind, t, b.key)
+}
+
+// reindex puts the block ext and its ancestors back on device where an
+// earlier clear or eviction took them out.
+func (m *mapping) reindex(ext uint64) {
+	for {
+		b, ok := m.routerOf[ext]
+		if !ok || !m.hold(ext, b, index.TierDevice) {
+			return
+		}
+		if !b.hasParent {
+			return
+		}
+		ext = b.parent
+	}
+}
