@@ -127,7 +127,7 @@ func (a *Actor) HandleBatch(seq uint64, payload []byte) {
 		a.out.origin.Fingerprint = wire.Fingerprint(payload)
 	}
 	defer func() { a.out.origin = Origin{} }() // what follows is of no engine batch, until the next one
-	if a.pending { // a batch after a resume: its position was proven
+	if a.pending {                             // a batch after a resume: its position was proven
 		a.activate()
 	}
 	if a.fresh {

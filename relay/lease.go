@@ -527,4 +527,3 @@ func (l *Lease) release(ctx context.Context, kv jetstream.KeyValue, rev uint64) 
 	l.stats.released.Add(1)
 	l.log.Info("kvpipe/relay: lease released", "key", l.cfg.Key, "holder", l.cfg.Holder)
 }
-
