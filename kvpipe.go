@@ -8,10 +8,11 @@
 // sharded prefix index the read path (FindMatches) reads without a lock.
 // supervisor runs each worker, and metrics exposes a Pipeline to Prometheus.
 //
-// Every config struct in kvpipe follows one defaulting rule: a zero field
-// takes its documented default, a negative duration or count is refused by
-// New unless its doc gives it a meaning (such as "negative disables"), and a
-// maximum below its minimum takes the maximum's default.
+// Every config struct in kvpipe (Config, SubscriberOptions, the relay's)
+// follows one defaulting rule: a zero field takes its documented default; a
+// negative one means what its doc says (such as "negative disables") and is
+// refused where the doc gives it no meaning; a maximum below its minimum
+// takes its default, raised to the minimum.
 package kvpipe
 
 import (

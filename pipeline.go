@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/conf"
 	"github.com/kvpipe/kvpipe/snapshot"
 	"github.com/kvpipe/kvpipe/supervisor"
 	"github.com/kvpipe/kvpipe/wire"
@@ -94,8 +95,8 @@ func (c *Config) check() error {
 		return fmt.Errorf("kvpipe: Shards must not be negative, got %d", c.Shards)
 	case c.ShardQueue < 0:
 		return fmt.Errorf("kvpipe: ShardQueue must not be negative, got %d", c.ShardQueue)
-	case c.RemovalTimeout < 0:
-		return fmt.Errorf("kvpipe: RemovalTimeout must not be negative, got %v", c.RemovalTimeout)
+	case c.RemovalTimeout < 0 || c.RestartMin < 0 || c.RestartMax < 0:
+		return fmt.Errorf("kvpipe: RemovalTimeout, RestartMin and RestartMax must not be negative")
 	case c.Backpressure != Block && c.Backpressure != Drop:
 		return fmt.Errorf("kvpipe: unknown Backpressure %d", c.Backpressure)
 	case c.Tap != nil && c.Backpressure == Drop:
@@ -111,20 +112,11 @@ func (c *Config) check() error {
 			return fmt.Errorf("kvpipe: TierWeights[%s] = %v: weights must be finite and not negative, and device's positive", Tier(t), w)
 		}
 	}
-	c.Shards = or(c.Shards, 2)
-	c.ShardQueue = or(c.ShardQueue, 256)
-	c.RemovalTimeout = or(c.RemovalTimeout, defaultRemovalTimeout)
-	c.Logger = or(c.Logger, slog.New(slog.DiscardHandler))
+	c.Shards = conf.Or(c.Shards, 2)
+	c.ShardQueue = conf.Or(c.ShardQueue, 256)
+	c.RemovalTimeout = conf.Or(c.RemovalTimeout, defaultRemovalTimeout)
+	c.Logger = conf.Or(c.Logger, slog.New(slog.DiscardHandler))
 	return nil
-}
-
-// or is v, or def when v is zero: the defaulting rule of every config.
-func or[T comparable](v, def T) T {
-	var zero T
-	if v == zero {
-		return def
-	}
-	return v
 }
 
 // Run starts the index shards and the workers and supervises them until ctx

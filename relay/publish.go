@@ -5,7 +5,6 @@ import (
 	"errors"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/index"
@@ -424,8 +423,8 @@ func (ru *run) part(worker string, ps *pubState, why string) {
 	r.log.Error("kvpipe/relay: worker parted from the stream; publishing its whole state again", "worker", worker, "why", why)
 	ru.resetting.Go(func() {
 		// The worker may be in the middle of a long replay, which
-		// Republish waits for, up to a minute or the worker's stop.
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		// Republish waits for, up to RepublishTimeout or the worker's stop.
+		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.RepublishTimeout)
 		defer cancel()
 		err := ru.p.Republish(ctx, worker)
 		if err == nil {

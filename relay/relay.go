@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvpipe/kvpipe"
+	"github.com/kvpipe/kvpipe/internal/conf"
 	"github.com/kvpipe/kvpipe/internal/pace"
 	"github.com/kvpipe/kvpipe/snapshot"
 	"github.com/nats-io/nats.go"
@@ -43,7 +44,15 @@ type Config struct {
 	// ShutdownTimeout bounds the last snapshot and the pipeline's drain
 	// once Run's context ends (default 10s).
 	ShutdownTimeout time.Duration
-	Logger          *slog.Logger // default Pipeline.Logger, else none
+	// RepublishTimeout bounds the wait of a worker parted from the stream
+	// for its turn to publish its whole state: it may be in the middle of a
+	// long replay (default 1m). Past it the worker is removed and added.
+	RepublishTimeout time.Duration
+	// ReadIdle is how long the server keeps the consumer that reads a
+	// restored worker's messages after the snapshot once it goes quiet
+	// (default 5s).
+	ReadIdle time.Duration
+	Logger   *slog.Logger // default Pipeline.Logger, else none
 	// Lease, when set, makes this relay one of several for the same
 	// engines: it writes only while it holds the lease, and a standby
 	// (another relay with a Lease on the same key) takes over from the
@@ -141,43 +150,15 @@ func New(js jetstream.JetStream, cfg Config) (*Relay, error) {
 		return nil, errors.New("relay: Pipeline.Tap and Pipeline.Source must be unset: the relay sets Tap")
 	case cfg.Pipeline.Backpressure != kvpipe.Block:
 		return nil, errors.New("relay: Pipeline.Backpressure must be Block")
-	case cfg.SnapshotEvery < 0 || cfg.PublishTimeout < 0 || cfg.ShutdownTimeout < 0:
+	case cfg.SnapshotEvery < 0 || cfg.PublishTimeout < 0 || cfg.ShutdownTimeout < 0 || cfg.RetryMin < 0 || cfg.RetryMax < 0 ||
+		cfg.RepublishTimeout < 0 || cfg.ReadIdle < 0:
 		return nil, errors.New("relay: durations must not be negative")
 	case cfg.MaxInFlight < 0:
 		return nil, errors.New("relay: MaxInFlight must not be negative")
 	case js.Conn() == nil:
 		return nil, errors.New("relay: the JetStream context has no connection")
 	}
-	if cfg.MaxInFlight == 0 {
-		cfg.MaxInFlight = 128
-	}
-	if cfg.SnapshotEvery == 0 {
-		cfg.SnapshotEvery = 15 * time.Second
-	}
-	if cfg.PublishTimeout == 0 {
-		cfg.PublishTimeout = 2 * time.Second
-	}
-	if cfg.RetryMin <= 0 {
-		cfg.RetryMin = 50 * time.Millisecond
-	}
-	if cfg.RetryMax < cfg.RetryMin {
-		cfg.RetryMax = max(2*time.Second, cfg.RetryMin)
-	}
-	if cfg.ShutdownTimeout == 0 {
-		cfg.ShutdownTimeout = 10 * time.Second
-	}
-	if cfg.Lease != nil {
-		cfg.ShutdownTimeout = min(cfg.ShutdownTimeout, cfg.Lease.cfg.TTL/3)
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = cfg.Pipeline.Logger
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	if cfg.Pipeline.Logger == nil {
-		cfg.Pipeline.Logger = cfg.Logger
-	}
+	cfg.defaults()
 	window := cfg.MaxInFlight
 	if window > 1 && js.Conn().Opts.ReconnectBufSize != -1 {
 		window = 1
@@ -199,6 +180,22 @@ func New(js jetstream.JetStream, cfg Config) (*Relay, error) {
 		return nil, err
 	}
 	return r, nil
+}
+
+// defaults applies kvpipe's defaulting rule (package kvpipe's doc).
+func (cfg *Config) defaults() {
+	cfg.MaxInFlight = conf.Or(cfg.MaxInFlight, 128)
+	cfg.SnapshotEvery = conf.Or(cfg.SnapshotEvery, 15*time.Second)
+	cfg.PublishTimeout = conf.Or(cfg.PublishTimeout, 2*time.Second)
+	cfg.RetryMin, cfg.RetryMax = conf.Bounds(cfg.RetryMin, cfg.RetryMax, 50*time.Millisecond, 2*time.Second)
+	cfg.ShutdownTimeout = conf.Or(cfg.ShutdownTimeout, 10*time.Second)
+	cfg.RepublishTimeout = conf.Or(cfg.RepublishTimeout, time.Minute)
+	cfg.ReadIdle = conf.Or(cfg.ReadIdle, 5*time.Second)
+	if cfg.Lease != nil {
+		cfg.ShutdownTimeout = min(cfg.ShutdownTimeout, cfg.Lease.cfg.TTL/3)
+	}
+	cfg.Logger = conf.Or(conf.Or(cfg.Logger, cfg.Pipeline.Logger), slog.New(slog.DiscardHandler))
+	cfg.Pipeline.Logger = conf.Or(cfg.Pipeline.Logger, cfg.Logger)
 }
 
 // run is one pipeline of the relay and what its publishes share. Run makes
@@ -592,7 +589,7 @@ func (ru *run) after(ctx context.Context, subject string, seq uint64) ([]stored,
 	}
 	cons, err := ru.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject},
 		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: seq + 1, HeadersOnly: true,
-		InactiveThreshold: 5 * time.Second})
+		InactiveThreshold: ru.r.cfg.ReadIdle})
 	if err != nil {
 		return nil, fmt.Errorf("relay: reading %s after %d: %w", subject, seq, err)
 	}

@@ -8,11 +8,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvpipe/kvpipe/internal/conf"
 	"github.com/kvpipe/kvpipe/internal/pace"
 	"golang.org/x/sync/errgroup"
 )
 
-// Config configures a Group. Zero fields take their defaults.
+// Config configures a Group; it follows kvpipe's defaulting rule (package
+// kvpipe's doc).
 type Config struct {
 	// RestartMin and RestartMax bound the jittered exponential backoff
 	// before a member that panicked or returned is run again (defaults
@@ -59,15 +61,8 @@ var (
 
 // New returns a Group whose members run under ctx: they stop when it ends.
 func New(ctx context.Context, cfg Config) *Group {
-	if cfg.RestartMin <= 0 {
-		cfg.RestartMin = 100 * time.Millisecond
-	}
-	if cfg.RestartMax < cfg.RestartMin {
-		cfg.RestartMax = max(10*time.Second, cfg.RestartMin)
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
+	cfg.RestartMin, cfg.RestartMax = conf.Bounds(cfg.RestartMin, cfg.RestartMax, 100*time.Millisecond, 10*time.Second)
+	cfg.Logger = conf.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	ctx, cancel := context.WithCancelCause(ctx)
 	return &Group{cfg: cfg, ctx: ctx, cancel: cancel, members: make(map[string]*running)}
 }

@@ -2,12 +2,14 @@ package wire
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/kvpipe/kvpipe/internal/conf"
 	"github.com/kvpipe/kvpipe/internal/pace"
 	"github.com/kvpipe/kvpipe/internal/zmtp"
 	"github.com/kvpipe/kvpipe/internal/zsock"
@@ -27,8 +29,9 @@ type Config struct {
 	Options
 }
 
-// Options tune a Subscriber; the zero value holds the defaults. They are
-// apart from Config so that one Options can serve every worker.
+// Options tune a Subscriber; the zero value holds the defaults (kvpipe's
+// defaulting rule: package kvpipe's doc). They are apart from Config so
+// that one Options can serve every worker.
 type Options struct {
 	// IdleTimeout rebuilds the SUB socket after this long without a message,
 	// since a peer that vanished without closing its TCP connection is
@@ -66,28 +69,18 @@ type Options struct {
 	HandshakeTimeout time.Duration
 }
 
-func (c *Options) setDefaults() {
-	if c.IdleTimeout == 0 {
-		c.IdleTimeout = 30 * time.Second
+// setDefaults applies kvpipe's defaulting rule (package kvpipe's doc).
+func (c *Options) setDefaults() error {
+	if c.ReconnectMin < 0 || c.ReconnectMax < 0 || c.ReplayTimeout < 0 || c.MaxReplayBuffer < 0 || c.MaxMessage < 0 || c.HandshakeTimeout < 0 {
+		return errors.New("ReconnectMin, ReconnectMax, ReplayTimeout, MaxReplayBuffer, MaxMessage and HandshakeTimeout must not be negative")
 	}
-	if c.ReconnectMin <= 0 {
-		c.ReconnectMin = 50 * time.Millisecond
-	}
-	if c.ReconnectMax < c.ReconnectMin {
-		c.ReconnectMax = max(5*time.Second, c.ReconnectMin)
-	}
-	if c.ReplayTimeout <= 0 {
-		c.ReplayTimeout = 2 * time.Second
-	}
-	if c.ReplayPatience == 0 {
-		c.ReplayPatience = 10 * time.Second
-	}
-	if c.TailCheck == 0 {
-		c.TailCheck = time.Second
-	}
-	if c.MaxReplayBuffer <= 0 {
-		c.MaxReplayBuffer = 10_000
-	}
+	c.IdleTimeout = conf.Or(c.IdleTimeout, 30*time.Second)
+	c.ReconnectMin, c.ReconnectMax = conf.Bounds(c.ReconnectMin, c.ReconnectMax, 50*time.Millisecond, 5*time.Second)
+	c.ReplayTimeout = conf.Or(c.ReplayTimeout, 2*time.Second)
+	c.ReplayPatience = conf.Or(c.ReplayPatience, 10*time.Second)
+	c.TailCheck = conf.Or(c.TailCheck, time.Second)
+	c.MaxReplayBuffer = conf.Or(c.MaxReplayBuffer, 10_000)
+	return nil
 }
 
 // ResetReason says why a worker's history can no longer be trusted.
@@ -269,10 +262,10 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 			return nil, fmt.Errorf("snapshot %w", err)
 		}
 	}
-	cfg.setDefaults()
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
 	}
+	cfg.Logger = conf.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	s := &Subscriber{cfg: cfg, warn: pace.NewWarner(cfg.Logger, "kvpipe/wire: "), calls: make(chan func(Position))}
 	s.replay = replayer{cfg: &s.cfg, stats: &s.stats, warn: s.warn}
 	s.live = liveQueue{max: cfg.MaxReplayBuffer, stats: &s.stats, warn: s.warn}
