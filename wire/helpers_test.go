@@ -11,7 +11,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/kvpipe/kvpipe/internal/ztest"
-	"github.com/kvpipe/kvpipe/wire/wiretest"
+	"github.com/kvpipe/kvpipe/internal/wiretest"
 )
 
 func TestMain(m *testing.M) { ztest.VerifyNoLeaks(m) }

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/kvpipe/kvpipe/internal/ztest"
-	"github.com/kvpipe/kvpipe/wire/wiretest"
+	"github.com/kvpipe/kvpipe/internal/wiretest"
 )
 
 // zmtpPUB is a valid ZMTP 3.0 NULL greeting and a READY for a PUB socket.
