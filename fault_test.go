@@ -68,9 +68,9 @@ import (
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/faultproxy"
 	"github.com/kvpipe/kvpipe/internal/sim"
+	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/kvpipe/kvpipe/internal/ztest"
 	"github.com/kvpipe/kvpipe/wire"
-	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/prometheus/client_golang/prometheus"
 )
 

@@ -9,9 +9,9 @@ import (
 
 	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/kvpipe/kvpipe/internal/ztest"
 	"github.com/kvpipe/kvpipe/wire"
-	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 )

@@ -12,9 +12,9 @@ import (
 
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/kvpipe/kvpipe/snapshot"
 	"github.com/kvpipe/kvpipe/wire"
-	"github.com/kvpipe/kvpipe/internal/wiretest"
 )
 
 // newSmallEngine is newEngine with a replay buffer of only steps batches.

@@ -14,9 +14,9 @@ import (
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/natstest"
 	"github.com/kvpipe/kvpipe/internal/sim"
+	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/kvpipe/kvpipe/internal/ztest"
 	"github.com/kvpipe/kvpipe/wire"
-	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )

@@ -9,8 +9,8 @@ import (
 
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/internal/enginepeer"
-	"github.com/kvpipe/kvpipe/internal/ztest"
 	"github.com/kvpipe/kvpipe/internal/wiretest"
+	"github.com/kvpipe/kvpipe/internal/ztest"
 )
 
 // countingHandler counts batches and signals once it has seen want of

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
-	"github.com/kvpipe/kvpipe/internal/ztest"
 	"github.com/kvpipe/kvpipe/internal/wiretest"
+	"github.com/kvpipe/kvpipe/internal/ztest"
 )
 
 func TestMain(m *testing.M) { ztest.VerifyNoLeaks(m) }

@@ -31,9 +31,9 @@ import (
 	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/internal/sim"
+	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/kvpipe/kvpipe/metrics"
 	"github.com/kvpipe/kvpipe/snapshot"
-	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
