@@ -160,20 +160,7 @@ func (ru *run) Ops(ctx context.Context, worker string, ops []index.Op, o kvpipe.
 		r.log.Error("kvpipe/relay: batch not published", "worker", worker, "err", err)
 		return ps.last.Load()
 	}
-	// A fresh worker's first message clears what an earlier relay left of
-	// it (Actor.StartAfresh): the same in every relay, so it gets an id
-	// every relay gives it, and a second relay following the engine from
-	// its start shares the first one's ids from there on.
-	start := ps.fresh && !o.Batch && len(ops) == 1 && ops[0].Kind == index.OpClearWorker
-	ps.fresh = false
-	switch {
-	case o.Batch:
-		ps.id, ps.lineage = appendBatchID(ps.id[:0], ps.token, o.Seq, o.Fingerprint, o.Part, ps.lineage, msg)
-	case start:
-		ps.id, ps.lineage = appendStartID(ps.id[:0], ps.token, ps.lineage, msg)
-	default:
-		ps.id, ps.lineage = appendOtherID(ps.id[:0], ps.token, r.nonce, r.other.Add(1), ps.lineage, msg)
-	}
+	ps.identify(r, o, ops, msg)
 	e := entry{id: string(ps.id), msg: msg, removal: removal}
 	switch {
 	case removal:
@@ -202,6 +189,24 @@ func (ru *run) Ops(ctx context.Context, worker string, ops []index.Op, o kvpipe.
 		r.stats.abandoned.Add(1)
 	}
 	return ps.last.Load()
+}
+
+// identify makes the id of the worker's next message, msg of ops. A fresh
+// worker's first message clears what an earlier relay left of it (the
+// pipeline starts a tapped worker afresh): the same in every relay, so it
+// gets an id every relay gives it, and a second relay following the engine
+// from its start shares the first one's ids from there on.
+func (ps *pubState) identify(r *Relay, o kvpipe.Origin, ops []index.Op, msg []byte) {
+	start := ps.fresh && !o.Batch && len(ops) == 1 && ops[0].Kind == index.OpClearWorker
+	ps.fresh = false
+	switch {
+	case o.Batch:
+		ps.id, ps.lineage = appendBatchID(ps.id[:0], ps.token, o.Seq, o.Fingerprint, o.Part, ps.lineage, msg)
+	case start:
+		ps.id, ps.lineage = appendStartID(ps.id[:0], ps.token, ps.lineage, msg)
+	default:
+		ps.id, ps.lineage = appendOtherID(ps.id[:0], ps.token, r.nonce, r.other.Add(1), ps.lineage, msg)
+	}
 }
 
 // remove hands the worker's removal to its settler and waits, while ctx
@@ -292,7 +297,6 @@ func (ru *run) flushState(ctx context.Context, ps *pubState) (uint64, error) {
 // when the run's settling ends.
 func (ru *run) settle(worker string, ps *pubState) {
 	defer close(ps.exit)
-	r := ru.r
 	var removal *entry // taken, and sent once the queue is empty
 	for {
 		var e entry
@@ -312,41 +316,7 @@ func (ru *run) settle(worker string, ps *pubState) {
 				return
 			}
 		}
-		var err error
-		switch {
-		case e.replayed:
-			ps.last.Store(e.seq)
-		case e.msg == nil: // a flush
-			if ps.quiet.Load() {
-				err = errParted
-			}
-		case e.gen != ps.gen.Load() && !e.removal:
-			// Sent before the worker parted: its whole state follows,
-			// and nothing before it matters.
-		default:
-			ack := ru.ack(worker, ps, &e)
-			switch {
-			case ack == nil:
-				r.stats.abandoned.Add(1)
-				err = context.Cause(ru.settleCtx)
-			case ack.Sequence <= ps.last.Load() && !e.removal:
-				// Stored before the worker's last message, or taken for
-				// a copy of one that was: its messages are no longer in
-				// order in the stream.
-				ru.part(worker, ps, "the stream holds its messages out of order")
-				err = errParted
-			default:
-				r.stats.published.Add(1)
-				if ack.Duplicate {
-					r.stats.duplicates.Add(1)
-				}
-				ps.last.Store(ack.Sequence)
-			}
-			select {
-			case ps.free <- e.msg:
-			default:
-			}
-		}
+		err := ru.settleOne(worker, ps, &e)
 		if e.removal {
 			ru.mu.Lock()
 			ru.forget(worker, ps)
@@ -364,6 +334,50 @@ func (ru *run) settle(worker string, ps *pubState) {
 			e.settled <- settledAt{seq: ps.last.Load(), err: err}
 		}
 	}
+}
+
+// settleOne settles the entry e: a replayed message's place, a flush, or
+// a message sent, whose acknowledgement it waits for.
+func (ru *run) settleOne(worker string, ps *pubState, e *entry) error {
+	r := ru.r
+	switch {
+	case e.replayed:
+		ps.last.Store(e.seq)
+		return nil
+	case e.msg == nil: // a flush
+		if ps.quiet.Load() {
+			return errParted
+		}
+		return nil
+	case e.gen != ps.gen.Load() && !e.removal:
+		// Sent before the worker parted: its whole state follows,
+		// and nothing before it matters.
+		return nil
+	}
+	var err error
+	ack := ru.ack(worker, ps, e)
+	switch {
+	case ack == nil:
+		r.stats.abandoned.Add(1)
+		err = context.Cause(ru.settleCtx)
+	case ack.Sequence <= ps.last.Load() && !e.removal:
+		// Stored before the worker's last message, or taken for
+		// a copy of one that was: its messages are no longer in
+		// order in the stream.
+		ru.part(worker, ps, "the stream holds its messages out of order")
+		err = errParted
+	default:
+		r.stats.published.Add(1)
+		if ack.Duplicate {
+			r.stats.duplicates.Add(1)
+		}
+		ps.last.Store(ack.Sequence)
+	}
+	select {
+	case ps.free <- e.msg:
+	default:
+	}
+	return err
 }
 
 // ack waits for e's acknowledgement; when its publish failed, or was never

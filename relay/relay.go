@@ -534,8 +534,19 @@ func (ru *run) setUp(ctx context.Context) error {
 		return nil
 	}
 	r.stats.restored.Store(uint64(len(s.Workers)))
-	for i := range s.Workers {
-		w := &s.Workers[i]
+	if err := ru.placeRestored(ctx, s.Workers, sameStream); err != nil {
+		return err
+	}
+	r.log.Info("kvpipe/relay: workers start from the snapshot", "workers", len(s.Workers), "same_stream", sameStream)
+	return nil
+}
+
+// placeRestored places each restored worker's publishing where its
+// snapshot left it: its last message's sequence and lineage, and, in the
+// same stream, what the stream holds after it, which its replay makes again.
+func (ru *run) placeRestored(ctx context.Context, workers []snapshot.Worker, sameStream bool) error {
+	for i := range workers {
+		w := &workers[i]
 		ps, ok := ru.state(ctx, string(w.Name))
 		if !ok {
 			return context.Cause(ctx)
@@ -544,12 +555,12 @@ func (ru *run) setUp(ctx context.Context) error {
 		ps.last.Store(w.StreamSeq)
 		ps.lineage = ru.lineageAt(ctx, ps, w.StreamSeq)
 		if sameStream {
+			var err error
 			if ps.expect, err = ru.after(ctx, ps.subject, w.StreamSeq); err != nil {
 				return err
 			}
 		}
 	}
-	r.log.Info("kvpipe/relay: workers start from the snapshot", "workers", len(s.Workers), "same_stream", sameStream)
 	return nil
 }
 

@@ -391,37 +391,14 @@ func (c *claims) add(j job, held int) {
 // The requests are the trace's from first on; it returns how many it routed.
 func route(ctx context.Context, o options, reqs []sim.Request, first int, p *kvpipe.Pipeline, engines []*engine, stderr io.Writer, start time.Time) int {
 	var h kvpipe.Hasher
-	load := make([]float64, len(engines)) // blocks of recent work, decaying
-	const tau = 5000.0                    // trace milliseconds for load to decay by e
 	var tokens []uint32
 	var keys, plain []uint64
-	score := make([]float64, len(engines))
-	device := make([]int, len(engines))
-	lastTS := int64(0)
+	b := newBalancer(engines)
 	nextProgress := start.Add(o.progress)
-	byName := map[string]int{}
-	for i, e := range engines {
-		byName[e.name] = i
-	}
 	for i := first; i < len(reqs); i++ {
 		r := &reqs[i]
-		if o.speedup > 0 {
-			due := start.Add(time.Duration(float64(r.TimestampMs) / o.speedup * float64(time.Millisecond)))
-			if d := time.Until(due); d > 0 {
-				select {
-				case <-ctx.Done():
-					return i
-				case <-time.After(d):
-				}
-			}
-		}
-		if ctx.Err() != nil {
+		if !due(ctx, o, start, r) {
 			return i
-		}
-		decay := math.Exp(-float64(r.TimestampMs-lastTS) / tau)
-		lastTS = r.TimestampMs
-		for w := range load {
-			load[w] *= decay
 		}
 		tokens = sim.InputTokens(tokens[:0], r)
 		req := kvpipe.Request{Tokens: tokens}
@@ -429,21 +406,8 @@ func route(ctx context.Context, o options, reqs []sim.Request, first int, p *kvp
 			req.Lora = r.Lora
 		}
 		keys = h.RequestKeys(keys[:0], &req, o.blockSize)
-		clear(score)
-		clear(device)
-		if matches, err := p.FindMatchesKeys(ctx, keys); err == nil {
-			for _, m := range matches {
-				score[byName[m.Worker]], device[byName[m.Worker]] = m.Score, m.Blocks
-			}
-		}
-		best, bestCost := 0, math.Inf(1)
-		for w := range engines {
-			if cost := float64(len(keys)) - score[w] + load[w]; cost < bestCost {
-				best, bestCost = w, cost
-			}
-		}
-		load[best] += float64(len(keys)) - score[best]
-		j := job{r: r, i: i, claimed: device[best]}
+		best, claimed := b.pick(ctx, p, r.TimestampMs, keys)
+		j := job{r: r, i: i, claimed: claimed}
 		if req.Lora != "" {
 			plain = h.Prompt(plain[:0], tokens, o.blockSize)
 			j.plain = blocksOf(ctx, p, engines[best].name, plain)
@@ -455,6 +419,68 @@ func route(ctx context.Context, o options, reqs []sim.Request, first int, p *kvp
 		}
 	}
 	return len(reqs)
+}
+
+// due waits until r is due at o.speedup; false when ctx ended.
+func due(ctx context.Context, o options, start time.Time, r *sim.Request) bool {
+	if o.speedup > 0 {
+		at := start.Add(time.Duration(float64(r.TimestampMs) / o.speedup * float64(time.Millisecond)))
+		if d := time.Until(at); d > 0 {
+			select {
+			case <-ctx.Done():
+				return false
+			case <-time.After(d):
+			}
+		}
+	}
+	return ctx.Err() == nil
+}
+
+// balancer picks the engine whose cached prefix and recent load make a
+// request cheapest.
+type balancer struct {
+	load   []float64 // blocks of recent work, decaying
+	score  []float64
+	device []int
+	lastTS int64
+	byName map[string]int
+}
+
+// tau is how many trace milliseconds make load decay by e.
+const tau = 5000.0
+
+func newBalancer(engines []*engine) *balancer {
+	b := &balancer{load: make([]float64, len(engines)), score: make([]float64, len(engines)), device: make([]int, len(engines)),
+		byName: map[string]int{}}
+	for i, e := range engines {
+		b.byName[e.name] = i
+	}
+	return b
+}
+
+// pick returns the engine for a request of keys at trace time ts, and the
+// device blocks kvpipe says it holds of them.
+func (b *balancer) pick(ctx context.Context, p *kvpipe.Pipeline, ts int64, keys []uint64) (best, claimed int) {
+	decay := math.Exp(-float64(ts-b.lastTS) / tau)
+	b.lastTS = ts
+	for w := range b.load {
+		b.load[w] *= decay
+	}
+	clear(b.score)
+	clear(b.device)
+	if matches, err := p.FindMatchesKeys(ctx, keys); err == nil {
+		for _, m := range matches {
+			b.score[b.byName[m.Worker]], b.device[b.byName[m.Worker]] = m.Score, m.Blocks
+		}
+	}
+	bestCost := math.Inf(1)
+	for w := range b.load {
+		if cost := float64(len(keys)) - b.score[w] + b.load[w]; cost < bestCost {
+			best, bestCost = w, cost
+		}
+	}
+	b.load[best] += float64(len(keys)) - b.score[best]
+	return best, b.device[best]
 }
 
 // blocksOf is how many leading device blocks of keys FindMatches gives worker.
