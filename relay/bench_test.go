@@ -22,22 +22,22 @@ func benchOps(n int) []index.Op {
 
 func BenchmarkAppendMessage(b *testing.B) {
 	ops := benchOps(256)
-	buf, _ := AppendMessage(nil, false, ops)
+	buf, _ := appendMessage(nil, false, ops)
 	b.ReportAllocs()
 	b.SetBytes(int64(len(buf)))
 	for b.Loop() {
-		buf, _ = AppendMessage(buf[:0], false, ops)
+		buf, _ = appendMessage(buf[:0], false, ops)
 	}
 	b.ReportMetric(float64(b.N)*256/b.Elapsed().Seconds(), "ops/s")
 }
 
 func BenchmarkDecodeMessage(b *testing.B) {
-	buf, _ := AppendMessage(nil, false, benchOps(256))
-	dst, _, _ := DecodeMessage(buf, nil)
+	buf, _ := appendMessage(nil, false, benchOps(256))
+	dst, _, _ := decodeMessage(buf, nil)
 	b.ReportAllocs()
 	b.SetBytes(int64(len(buf)))
 	for b.Loop() {
-		dst, _, _ = DecodeMessage(buf, dst)
+		dst, _, _ = decodeMessage(buf, dst)
 	}
 	b.ReportMetric(float64(b.N)*256/b.Elapsed().Seconds(), "ops/s")
 }

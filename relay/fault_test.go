@@ -686,7 +686,7 @@ func TestWorkerAddedAgainBeforeItsRemovalIsStored(t *testing.T) {
 		if m.Subject != s.Subject(a.name) {
 			return
 		}
-		ops, _, err := DecodeMessage(m.Data, nil)
+		ops, _, err := decodeMessage(m.Data, nil)
 		if err != nil {
 			t.Fatalf("message %d: %v", m.Sequence, err)
 		}

@@ -273,7 +273,7 @@ func (f *Follower) handle(ctx context.Context, feed *kvpipe.Feed, workers map[st
 		f.stats.skipped.Add(1)
 		return nil
 	}
-	ops, partial, err := DecodeMessage(msg.Data(), f.ops)
+	ops, partial, err := decodeMessage(msg.Data(), f.ops)
 	f.ops = ops[:0]
 	if err != nil {
 		// Its ops are lost, removes perhaps among them: the worker's

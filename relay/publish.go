@@ -99,7 +99,7 @@ func (ru *run) state(ctx context.Context, worker string) (*pubState, bool) {
 		ru.mu.Lock()
 		ps := ru.pubs[worker]
 		if ps == nil {
-			tok := Token(worker)
+			tok := token(worker)
 			lin, again := ru.gone[worker]
 			if !again {
 				lin = freshLineage(tok)
@@ -154,7 +154,7 @@ func (ru *run) Ops(ctx context.Context, worker string, ops []index.Op, o kvpipe.
 	case msg = <-ps.free:
 	default:
 	}
-	msg, err := AppendMessage(msg[:0], o.Partial, ops)
+	msg, err := appendMessage(msg[:0], o.Partial, ops)
 	if err != nil {
 		r.stats.encodeErrors.Add(1)
 		r.log.Error("kvpipe/relay: batch not published", "worker", worker, "err", err)
