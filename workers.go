@@ -185,7 +185,9 @@ func (w *worker) prepare(ctx context.Context, cfg *Config, shard chan<- *index.B
 		a.Import(from)
 		w.sub.Resume(from.Seq, from.Fingerprint)
 	case cfg.Tap != nil:
-		a.StartAfresh() // what the stream held of it is not this worker's
+		// What the stream held of it is not this worker's: the Tap's first
+		// op clears it there (the shard holds nothing of a new worker).
+		cfg.Tap.Ops(ctx, w.name, []index.Op{{Kind: index.OpClearWorker}}, Origin{Partial: a.Partial()})
 	}
 }
 

@@ -91,15 +91,6 @@ func (a *Actor) Import(w *snapshot.Worker) {
 	a.out.flush()
 }
 
-// StartAfresh clears the worker in the index, and in the stream a Publish
-// feeds: nothing of it is known, and what an earlier process published for
-// it may be stale. Call it in the actor's goroutine, before its first batch.
-func (a *Actor) StartAfresh() {
-	a.pending = false
-	a.m.unindex()
-	a.out.flush()
-}
-
 // Republish hands Publish the worker's whole state, and nothing to the
 // shard, which has it: a clear, then a store of every block in each tier it
 // is indexed in, in parts of a shard batch's size, partial until the last.
