@@ -148,7 +148,8 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	p.feeding.Wait()
 	shards.Close()
 	p.mu.Lock()
-	p.closeDown()
+	p.phase = closed
+	close(p.stopped)
 	p.mu.Unlock()
 	return err
 }
@@ -179,12 +180,6 @@ func (p *Pipeline) begin(ctx context.Context) (*index.Shards, error) {
 	return shards, nil
 }
 
-// closeDown marks the pipeline stopped; p.mu is held.
-func (p *Pipeline) closeDown() {
-	p.phase = closed
-	close(p.stopped)
-}
-
 // Shutdown stops the pipeline: Run stops every worker, lets the shards apply
 // what is queued, and returns nil. Shutdown waits for that, or returns ctx's
 // error when ctx ends first (the shutdown then completes in the
@@ -197,7 +192,8 @@ func (p *Pipeline) Shutdown(ctx context.Context) error {
 	default:
 		close(p.stop)
 		if p.phase == idle { // no Run to do it
-			p.closeDown()
+			p.phase = closed
+			close(p.stopped)
 		}
 	}
 	p.mu.Unlock()
