@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 
 	"github.com/kvpipe/kvpipe/codec"
-	"github.com/kvpipe/kvpipe/wire/wiretest"
+	"github.com/kvpipe/kvpipe/internal/wiretest"
 )
 
 // engine plays a vLLM engine for the example, on ipc:// sockets (no port to find).

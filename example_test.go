@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvpipe/kvpipe"
+	"github.com/kvpipe/kvpipe/metrics"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -26,8 +27,12 @@ func Example() {
 // around it.
 func route(ctx context.Context, registry *prometheus.Registry, engine *engine) error {
 	pub, replay := engine.pub, engine.replay
-	p, err := kvpipe.New(kvpipe.Config{BlockSize: 16, Registry: registry})
+	p, err := kvpipe.New(kvpipe.Config{BlockSize: 16})
 	if err != nil {
+		return err
+	}
+	// Prometheus: the collector reads the pipeline's counters at each scrape.
+	if err := registry.Register(metrics.NewCollector(p.Stats)); err != nil {
 		return err
 	}
 	// One worker per engine: its KV-events PUB (e.g. "tcp://10.0.0.5:5557") and its replay ROUTER ("" if none).

@@ -1,50 +1,107 @@
 // Package kvpipe is what a KV-cache-aware router imports: a Pipeline that
 // subscribes to every inference engine's KV-cache events and answers which
-// worker holds how much of a prompt. The parts live in wire, codec, actor,
-// index and supervisor; this package names the few types a router touches.
+// worker holds how much of a prompt.
+//
+// Events flow frames -> codec -> actor -> index: package wire receives an
+// engine's ZMQ frames and recovers lost ones, codec decodes their msgpack,
+// actor normalises one worker's events into index ops, and index keeps the
+// sharded prefix index the read path (FindMatches) reads without a lock.
+// supervisor runs each worker, and metrics exposes a Pipeline to Prometheus.
+//
+// Every config struct in kvpipe (Config, SubscriberOptions, the relay's)
+// follows one defaulting rule: a zero field takes its documented default; a
+// negative one means what its doc says (such as "negative disables") and is
+// refused where the doc gives it no meaning; a maximum below its minimum
+// takes its default, raised to the minimum.
 package kvpipe
 
 import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/index"
-	"github.com/kvpipe/kvpipe/supervisor"
 	"github.com/kvpipe/kvpipe/wire"
 )
 
-type (
-	// Pipeline runs the workers and the index; see supervisor.Pipeline.
-	Pipeline = supervisor.Pipeline
-	// Config configures a Pipeline.
-	Config = supervisor.Config
-	// WorkerConfig is one engine's endpoints, for AddWorker.
-	WorkerConfig = supervisor.WorkerConfig
-	// Match is one worker's overlap with a request.
-	Match = supervisor.Match
-	// Stats is a snapshot of every worker's counters and every shard's state.
-	Stats = supervisor.Stats
-	// WorkerStats is one worker's counters.
-	WorkerStats = supervisor.WorkerStats
-	// Backpressure says what a worker does when its shard is behind.
-	Backpressure = supervisor.Backpressure
-	// SubscriberOptions tune every worker's subscriber (Config.Subscriber).
-	SubscriberOptions = wire.Options
-	// Request is a request's tokens, adapter, salt and multimodal inputs,
-	// for FindMatchesRequest.
-	Request = supervisor.Request
-	// MultiModal is one multimodal input of a Request.
-	MultiModal = index.MultiModal
-	// Weights are per-tier weights (Config.TierWeights).
-	Weights = index.Weights
-	// Tier is a storage tier: device, host, disk or remote.
-	Tier = index.Tier
-	// Hasher turns a prompt's tokens into router block keys, for
-	// FindMatchesKeys and AppendMatches; its zero value is ready.
-	Hasher = index.Hasher
-	// Source feeds the index with ops normalised elsewhere (Config.Source;
-	// relay.Follower consumes a relay's JetStream stream).
-	Source = supervisor.Source
-	// Feed is how a Source hands its ops to the pipeline.
-	Feed = supervisor.Feed
+// Config configures a Pipeline; zero fields take their defaults.
+type Config struct {
+	BlockSize int // the router's block size (required), e.g. 16
+	Shards    int // index shards (default 2)
+	// ShardQueue is how many batches each shard's queue holds, shared by the
+	// shard's workers (default 256). A worker has at most ShardQueue+2
+	// batches of at most 256 ops in flight (queued, being applied, being
+	// filled), so a stalled shard holds at most 4 KiB per batch per worker.
+	ShardQueue   int
+	Backpressure Backpressure // when a shard is behind: Block (default) or Drop
+	// TierWeights weigh a match's blocks by the tier holding them
+	// (Match.Score). A tier weighted 0 is not indexed at all: its events
+	// are filtered as lower_tier. The zero value means DefaultWeights
+	// (device 1, host 0.8, disk 0.5, remote 0.3).
+	TierWeights Weights
+	// Subscriber tunes every worker's subscriber (timeouts, backoff, replay
+	// buffer, limits); the zero value holds the defaults.
+	Subscriber SubscriberOptions
+	// RestartMin and RestartMax bound the jittered exponential backoff before
+	// a worker that panicked is restarted (defaults 100ms and 10s).
+	RestartMin, RestartMax time.Duration
+	// RemovalTimeout bounds how long a removed worker's last message (its
+	// removal) may take to reach a Tap while the pipeline stops (default 5s).
+	RemovalTimeout time.Duration
+	Logger         *slog.Logger // nil discards
+	// Observe, when set, sees every batch in the worker's goroutine before its
+	// actor does (for tools such as kvpipe listen); payload is only valid
+	// during the call. It must not block, nor call Shutdown or RemoveWorker:
+	// both wait for the goroutine it runs on.
+	Observe func(worker string, seq uint64, payload []byte)
+	// Tap, when set, sees every worker's ops before its shard does (a relay
+	// publishes them); see Tap. It needs Backpressure Block.
+	Tap Tap
+	// Source, when set, feeds the index with ops normalised elsewhere (a
+	// relay's follower); Run runs it beside the workers.
+	Source Source
+}
+
+// Backpressure says what a worker does when its shard is behind.
+type Backpressure uint8
+
+const (
+	// Block waits for the shard, and so stops reading the engine's socket:
+	// the loss, if any, shows as a seq gap, which replay recovers.
+	Block Backpressure = Backpressure(actor.Block)
+	// Drop discards the batch, counts it, and resyncs the worker.
+	Drop Backpressure = Backpressure(actor.Drop)
 )
+
+// WorkerConfig is one engine's connection.
+type WorkerConfig struct {
+	Endpoint       string // its KV-events PUB, e.g. tcp://10.0.0.5:5557
+	ReplayEndpoint string // its replay ROUTER; "" when it has none
+	// SnapshotEndpoint is its snapshot ROUTER (SGLang's snapshot_endpoint),
+	// from which the worker is rebuilt after a loss; "" when it has none.
+	SnapshotEndpoint string
+	Topic            string // ZMQ topic prefix; the engines' default is ""
+	// Eagle: the engine runs EAGLE-family speculative decoding (SGLang
+	// with --speculative-algorithm EAGLE, EAGLE3, NEXTN), whose blocks are
+	// keyed over windows of BlockSize+1 tokens. Optional: the worker's mode
+	// is learned from its events (bigram token ids) in any case; this sets
+	// it before the first one.
+	Eagle bool
+}
+
+// SubscriberOptions tune every worker's subscriber (Config.Subscriber).
+type SubscriberOptions = wire.Options
+
+// Weights are per-tier weights (Config.TierWeights).
+type Weights = index.Weights
+
+// DefaultWeights are the tier weights a zero Config.TierWeights means.
+var DefaultWeights = index.DefaultWeights
+
+// Tier is a storage tier: device, host, disk or remote.
+type Tier = index.Tier
 
 const (
 	TierDevice = index.TierDevice // accelerator memory
@@ -53,21 +110,32 @@ const (
 	TierRemote = index.TierRemote // a shared or remote pool
 )
 
-const (
-	Block = supervisor.Block // wait for the shard; replay recovers what the socket then drops
-	Drop  = supervisor.Drop  // drop the batch, count it, resync the worker
-)
-
 var (
 	// ErrClosed is returned once the pipeline has been shut down.
-	ErrClosed = supervisor.ErrClosed
+	ErrClosed = errors.New("kvpipe: pipeline closed")
 	// ErrRunning is returned by a second call of Run.
-	ErrRunning = supervisor.ErrRunning
+	ErrRunning = errors.New("kvpipe: pipeline already running")
 	// ErrNoWorker is returned by RemoveWorker for a name it does not know.
-	ErrNoWorker = supervisor.ErrNoWorker
+	ErrNoWorker = errors.New("kvpipe: no such worker")
 	// ErrNotRunning is returned by Snapshot before Run.
-	ErrNotRunning = supervisor.ErrNotRunning
+	ErrNotRunning = errors.New("kvpipe: pipeline not running")
 )
 
-// New validates cfg and returns a Pipeline that starts nothing until Run.
-func New(cfg Config) (*Pipeline, error) { return supervisor.New(cfg) }
+// A Tap sees each engine worker's ops on their way to its shard, in the
+// worker's goroutine: a relay publishes them to a stream. Its calls for one
+// worker never overlap; ctx ends when the worker stops.
+type Tap interface {
+	// Ops gets one batch of ops the worker hands its shard (only valid
+	// during the call) and returns the position it reached, which the
+	// worker's saved state keeps (a relay's stream sequence). A removed
+	// worker's last call has the one op index.OpRemoveWorker.
+	Ops(ctx context.Context, worker string, ops []index.Op, o Origin) uint64
+	// Flush returns once every batch given to Ops is stored, with the
+	// position that covers them; Snapshot calls it in the worker's
+	// goroutine once the worker's state is captured, and an error fails
+	// the snapshot.
+	Flush(ctx context.Context, worker string) (uint64, error)
+}
+
+// Origin says where a batch of ops given to a Tap came from.
+type Origin = actor.Origin

@@ -82,7 +82,7 @@ func checkOps(t *testing.T, payload []byte, bp Backpressure) {
 		a.HandleBatch(seq, payload)
 		apply()
 		st := a.Stats()
-		if a.resync { // the last batch was dropped: the next one clears the worker first
+		if a.out.resync { // the last batch was dropped: the next one clears the worker first
 			for tier := range held {
 				clear(held[tier])
 			}
@@ -101,14 +101,14 @@ func checkOps(t *testing.T, payload []byte, bp Backpressure) {
 		for i := range mapped {
 			mapped[i] = map[uint64]int{}
 		}
-		for _, b := range a.routerOf {
+		for _, b := range a.m.routerOf {
 			for tier := range index.Tier(index.NumTiers) {
-				if b.held(a.gen)&bit(tier) == 0 {
+				if b.held(a.m.gen)&bit(tier) == 0 {
 					continue
 				}
 				mapped[tier][b.key]++
 				if b.split >= 0 {
-					for _, k := range a.splitKeys[int(b.split)*(a.splitK-1) : int(b.split+1)*(a.splitK-1)] {
+					for _, k := range a.m.splitKeys[int(b.split)*(a.m.splitK-1) : int(b.split+1)*(a.m.splitK-1)] {
 						mapped[tier][k]++
 					}
 				}

@@ -106,13 +106,13 @@ func TestDropBetweenBatchesKeepsTheMappingTrue(t *testing.T) {
 	ch := make(chan *index.Batch, 1)
 	a := New(Config{Worker: 1, BlockSize: 16, Shard: ch, Backpressure: Drop})
 	ch <- &index.Batch{} // the shard is behind
-	a.out = a.take()
+	a.out.out = a.out.take()
 	for range maxOps { // and the batch being filled is full
-		a.out.Ops = append(a.out.Ops, index.Op{Kind: index.OpStore, Hash: 999})
+		a.out.out.Ops = append(a.out.out.Ops, index.Op{Kind: index.OpStore, Hash: 999})
 	}
 	a.apply(&codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{1}, TokenIDs: tokens(1, 1, 16), BlockSize: 16})
 	<-ch // the shard catches up
-	a.flush()
+	a.out.flush()
 	b := <-ch
 	if len(b.Ops) != 2 || b.Ops[0].Kind != index.OpClearWorker || b.Ops[1].Kind != index.OpStore {
 		t.Fatalf("ops after the drop %v, want the clear, then the block", b.Ops)
@@ -121,7 +121,7 @@ func TestDropBetweenBatchesKeepsTheMappingTrue(t *testing.T) {
 	b.Ops = b.Ops[:0]
 	b.Return <- b
 	a.apply(&codec.Event{Type: codec.BlockRemoved, BlockHashes: []uint64{1}})
-	a.flush()
+	a.out.flush()
 	select {
 	case b = <-ch:
 		if len(b.Ops) != 1 || b.Ops[0] != (index.Op{Kind: index.OpRemove, Hash: key}) {

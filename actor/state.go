@@ -15,18 +15,18 @@ func (a *Actor) Export(w *snapshot.Worker) {
 	if a.pending {
 		w.Partial = a.pendingPartial
 	}
-	w.FullSeen = a.fullSeen
-	w.SplitK = a.splitK
-	w.UsedTiers = a.usedTiers
-	w.StreamSeq = a.streamSeq
+	w.FullSeen = a.m.fullSeen
+	w.SplitK = a.m.splitK
+	w.UsedTiers = a.m.usedTiers
+	w.StreamSeq = a.out.streamSeq
 	w.GroupIdx, w.GroupMain = w.GroupIdx[:0], w.GroupMain[:0]
-	for g, main := range a.mainGroup {
+	for g, main := range a.groups.main {
 		w.GroupIdx = append(w.GroupIdx, int64(g))
 		w.GroupMain = append(w.GroupMain, main)
 	}
 	w.Hashes, w.Keys, w.Parents, w.Flags, w.Split = w.Hashes[:0], w.Keys[:0], w.Parents[:0], w.Flags[:0], w.Split[:0]
-	for h, b := range a.routerOf {
-		tiers := b.held(a.gen)
+	for h, b := range a.m.routerOf {
+		tiers := b.held(a.m.gen)
 		if a.pending {
 			tiers |= b.restored
 		}
@@ -36,8 +36,8 @@ func (a *Actor) Export(w *snapshot.Worker) {
 		}
 		if b.split >= 0 {
 			flags |= snapshot.FlagSplit
-			n := a.splitK - 1
-			w.Split = append(w.Split, a.splitKeys[int(b.split)*n:int(b.split+1)*n]...)
+			n := a.m.splitK - 1
+			w.Split = append(w.Split, a.m.splitKeys[int(b.split)*n:int(b.split+1)*n]...)
 		}
 		w.Hashes = append(w.Hashes, h)
 		w.Keys = append(w.Keys, b.key)
@@ -56,47 +56,39 @@ func (a *Actor) Export(w *snapshot.Worker) {
 func (a *Actor) Import(w *snapshot.Worker) {
 	// The entries rebuilt from it are the snapshot's, already in the stream
 	// a Publish feeds: they go to the shard only.
-	a.restoring = true
-	defer func() { a.restoring = false }()
-	a.clear()
+	a.out.restoring = true
+	defer func() { a.out.restoring = false }()
+	a.m.clear()
 	a.fresh = false // the stream goes on from the snapshot's seq
-	a.fullSeen = w.FullSeen
-	a.usedTiers = w.UsedTiers & (1<<index.NumTiers - 1)
-	a.streamSeq = w.StreamSeq
-	clear(a.mainGroup)
+	a.m.fullSeen = w.FullSeen
+	a.m.usedTiers = w.UsedTiers & (1<<index.NumTiers - 1)
+	a.out.streamSeq = w.StreamSeq
+	clear(a.groups.main)
 	for i, g := range w.GroupIdx {
-		a.mainGroup[int(g)] = w.GroupMain[i]
+		a.groups.main[int(g)] = w.GroupMain[i]
 	}
-	a.splitK = w.SplitK
+	a.m.splitK = w.SplitK
 	next := 0 // the next block's keys in w.Split
 	for i, h := range w.Hashes {
 		f := w.Flags[i]
 		b := block{key: w.Keys[i], parent: w.Parents[i], hasParent: f&snapshot.FlagParent != 0, split: -1,
-			gen: a.gen - 1, restored: f >> snapshot.TierShift & (1<<index.NumTiers - 1)}
+			gen: a.m.gen - 1, restored: f >> snapshot.TierShift & (1<<index.NumTiers - 1)}
 		if f&snapshot.FlagSplit != 0 {
-			n := a.splitK - 1
+			n := a.m.splitK - 1
 			if n < 1 || next+n > len(w.Split) {
 				continue // snapshot.Check refuses this
 			}
-			b.split = a.slot(w.Split[next : next+n])
+			b.split = a.m.slot(w.Split[next : next+n])
 			next += n
 		}
-		if old, dup := a.routerOf[h]; dup { // snapshot.Check does not look for these: the last one wins
-			a.forget(h, old)
+		if old, dup := a.m.routerOf[h]; dup { // snapshot.Check does not look for these: the last one wins
+			a.m.forget(h, old)
 		}
-		a.routerOf[h] = b
+		a.m.routerOf[h] = b
 	}
 	a.pending, a.pendingPartial = true, w.Partial
 	a.stats.Partial.Store(true)
-	a.flush()
-}
-
-// StartAfresh clears the worker in the index, and in the stream a Publish
-// feeds: nothing of it is known, and what an earlier process published for
-// it may be stale. Call it in the actor's goroutine, before its first batch.
-func (a *Actor) StartAfresh() {
-	a.unindex()
-	a.flush()
+	a.out.flush()
 }
 
 // Republish hands Publish the worker's whole state, and nothing to the
@@ -109,14 +101,14 @@ func (a *Actor) Republish(scratch *snapshot.Worker) {
 	if a.cfg.Publish == nil {
 		return
 	}
-	a.flush() // what is made so far goes first
+	a.out.flush() // what is made so far goes first
 	a.Export(scratch)
 	ops := make([]index.Op, 1, 1+scratch.OpCount()) // rare: not worth a buffer kept
 	ops[0] = index.Op{Kind: index.OpClearWorker}
 	for ops := scratch.AppendOps(ops); len(ops) > 0; {
 		n := min(len(ops), maxOps)
 		o := Origin{Whole: true, Partial: scratch.Partial || n < len(ops)}
-		a.streamSeq = a.cfg.Publish(ops[:n], o)
+		a.out.streamSeq = a.cfg.Publish(ops[:n], o)
 		ops = ops[n:]
 	}
 }
@@ -126,7 +118,7 @@ func (a *Actor) Republish(scratch *snapshot.Worker) {
 func (a *Actor) HandleResumed() {
 	if a.pending {
 		a.activate()
-		a.flush()
+		a.out.flush()
 	}
 }
 
@@ -135,20 +127,20 @@ func (a *Actor) HandleResumed() {
 func (a *Actor) activate() {
 	a.pending = false
 	a.stats.Partial.Store(a.pendingPartial)
-	a.restoring = true // already in the stream a Publish feeds
-	defer func() { a.restoring = false }()
-	for h, b := range a.routerOf {
+	a.out.restoring = true // already in the stream a Publish feeds
+	defer func() { a.out.restoring = false }()
+	for h, b := range a.m.routerOf {
 		tiers := b.restored
 		if tiers == 0 {
 			continue
 		}
 		b.restored = 0
-		a.routerOf[h] = b
+		a.m.routerOf[h] = b
 		for t := range index.Tier(index.NumTiers) {
 			if tiers&bit(t) != 0 {
-				a.hold(h, a.routerOf[h], t)
+				a.m.hold(h, a.m.routerOf[h], t)
 			}
 		}
 	}
-	a.flush()
+	a.out.flush()
 }

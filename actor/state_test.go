@@ -324,7 +324,6 @@ func TestRepublishHandsPublishTheWholeState(t *testing.T) {
 		}})
 		h := &harness{t: t, a: a, shard: ch}
 		e := sim.NewEngine(32, 80, sim.WithCPUOffload(60), sim.WithLoRA()) // split blocks, two tiers, evictions
-		a.StartAfresh()
 		reqs := sim.SyntheticTrace(120, 5)
 		var evs []codec.Event
 		for i := range reqs {

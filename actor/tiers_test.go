@@ -118,13 +118,13 @@ func TestEngineBlocksSplitIntoRouterBlocks(t *testing.T) {
 	if got := h.took(); !slices.Equal(got, want) {
 		t.Errorf("remove of the second engine block: ops %v, want its four keys", got)
 	}
-	slots := len(h.a.splitKeys)
+	slots := len(h.a.m.splitKeys)
 	for range 10 { // stored and evicted again: the freed slot is reused
 		h.send(codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{2}, ParentHash: 1, HasParent: true, TokenIDs: toks[64:128], BlockSize: 64},
 			codec.Event{Type: codec.BlockRemoved, BlockHashes: []uint64{2}})
 	}
-	if len(h.a.splitKeys) != slots {
-		t.Errorf("split keys grew from %d to %d over store/remove cycles", slots, len(h.a.splitKeys))
+	if len(h.a.m.splitKeys) != slots {
+		t.Errorf("split keys grew from %d to %d over store/remove cycles", slots, len(h.a.m.splitKeys))
 	}
 	if st := h.a.Stats(); st.IndexedBlocks != 8 || st.SizeWarnings != 0 {
 		t.Errorf("indexed %d, size warnings %d; want 8 and 0", st.IndexedBlocks, st.SizeWarnings)
@@ -218,7 +218,7 @@ func TestSplitBlocksWithExtraKeysNeverMatchWrongly(t *testing.T) {
 	toks := tokens(8, 1, 64)
 	h := newHarness(t)
 	h.a.apply(&codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{1}, TokenIDs: toks, BlockSize: 64, BlockExtra: []uint64{0x5eed}})
-	h.a.flush()
+	h.a.out.flush()
 	h.collect()
 	if len(h.ops) != 4 {
 		t.Fatalf("ops %v, want the four router blocks stored", h.ops)

@@ -10,12 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/sim"
-	"github.com/kvpipe/kvpipe/supervisor"
-	"github.com/kvpipe/kvpipe/wire/wiretest"
+	"github.com/kvpipe/kvpipe/internal/wiretest"
 )
 
 const (
@@ -198,14 +198,14 @@ func BenchmarkInProcess(b *testing.B) {
 }
 
 // BenchmarkLoopback: the same frames published by 8 wiretest.Publishers over
-// loopback TCP into a supervisor.Pipeline; an iteration ends when the
+// loopback TCP into a kvpipe.Pipeline; an iteration ends when the
 // pipeline has applied every batch. allocs/event counts both ends.
 func BenchmarkLoopback(b *testing.B) {
 	w := load(b)
 	for _, bc := range shardsAndRates() {
 		n, rate := bc.shards, bc.rate
 		b.Run(bc.name, func(b *testing.B) {
-			p, err := supervisor.New(supervisor.Config{BlockSize: blockSize, Shards: n, ShardQueue: 256})
+			p, err := kvpipe.New(kvpipe.Config{BlockSize: blockSize, Shards: n, ShardQueue: 256})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -220,7 +220,7 @@ func BenchmarkLoopback(b *testing.B) {
 				}
 				defer pub.Close()
 				pubs[i] = pub
-				if err := p.AddWorker(fmt.Sprint("w", i), supervisor.WorkerConfig{Endpoint: "tcp://" + pub.Addr()}); err != nil {
+				if err := p.AddWorker(fmt.Sprint("w", i), kvpipe.WorkerConfig{Endpoint: "tcp://" + pub.Addr()}); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -272,7 +272,7 @@ func BenchmarkLoopback(b *testing.B) {
 				}
 			}
 			ctx := context.Background()
-			var dst []supervisor.Match
+			var dst []kvpipe.Match
 			measure(b, w, rate, pass, func(keys []uint64) (err error) {
 				dst, err = p.AppendMatches(ctx, dst[:0], keys)
 				return err

@@ -3,54 +3,12 @@ package metrics
 import (
 	"strconv"
 
+	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/wire"
 	"github.com/prometheus/client_golang/prometheus"
 )
-
-// Snapshot is what one scrape reads.
-type Snapshot struct {
-	Workers []Worker
-	Shards  []Shard
-}
-
-// Total sums the workers' counters (Partial when any worker is).
-func (s Snapshot) Total() Worker {
-	var t Worker
-	for i := range s.Workers {
-		w := &s.Workers[i]
-		t.Wire.Add(w.Wire)
-		t.Actor.Add(w.Actor)
-		t.Restarts += w.Restarts
-	}
-	return t
-}
-
-// Worker returns the named worker's counters.
-func (s Snapshot) Worker(name string) (Worker, bool) {
-	for _, w := range s.Workers {
-		if w.Name == name {
-			return w, true
-		}
-	}
-	return Worker{}, false
-}
-
-// Worker is one worker's counters as of the snapshot.
-type Worker struct {
-	Name     string
-	Wire     wire.Stats
-	Actor    actor.Stats
-	Restarts uint64 // goroutine restarts after a panic
-}
-
-// Shard is one shard's state.
-type Shard struct {
-	QueueDepth     int
-	Nodes          int64
-	UnknownRemoves int64
-}
 
 type desc struct {
 	d   *prometheus.Desc
@@ -61,52 +19,56 @@ func newDesc(name, help string, typ prometheus.ValueType, labels ...string) desc
 	return desc{prometheus.NewDesc("kvpipe_"+name, help, labels, nil), typ}
 }
 
-// Collector turns snapshots into metrics.
+// Collector turns a pipeline's Stats into metrics at every scrape.
 type Collector struct {
-	snapshot                                                                                          func() Snapshot
+	stats                                                                                             func() kvpipe.Stats
+	latency                                                                                           *prometheus.Desc
 	counters                                                                                          []workerMetric
 	events, filtered, protocol, indexed, tiers, partial, eagle, connected, queue, nodes, shardUnknown desc
 }
 
 type workerMetric struct {
 	desc
-	value func(w *Worker) uint64
+	value func(w *kvpipe.WorkerStats) uint64
 }
 
-// NewCollector returns a collector reading snapshot at every scrape.
-func NewCollector(snapshot func() Snapshot) *Collector {
-	c := &Collector{snapshot: snapshot}
-	counter := func(name, help string, value func(w *Worker) uint64) {
+// NewCollector returns a collector calling stats at every scrape: for a
+// pipeline, NewCollector(p.Stats). The caller registers it (and may
+// unregister it once the pipeline has stopped).
+func NewCollector(stats func() kvpipe.Stats) *Collector {
+	c := &Collector{stats: stats}
+	c.latency = prometheus.NewDesc("kvpipe_find_matches_duration_seconds", "Time to answer FindMatches across every shard.", nil, nil)
+	counter := func(name, help string, value func(w *kvpipe.WorkerStats) uint64) {
 		c.counters = append(c.counters, workerMetric{newDesc(name, help, prometheus.CounterValue, "worker"), value})
 	}
-	counter("batches_received_total", "Batches delivered in seq order to the worker's actor, live or replayed.", func(w *Worker) uint64 { return w.Wire.Batches })
-	counter("malformed_messages_total", "Messages that were not [topic, 8-byte seq, payload]; skipped.", func(w *Worker) uint64 { return w.Wire.Malformed })
-	counter("duplicate_batches_total", "Batches with a seq already applied; dropped.", func(w *Worker) uint64 { return w.Wire.Duplicates })
-	counter("seq_gaps_total", "Jumps in seq: batches lost on the way.", func(w *Worker) uint64 { return w.Wire.Gaps })
-	counter("replays_total", "Replay requests sent to the engine's ROUTER.", func(w *Worker) uint64 { return w.Wire.Replays })
-	counter("replayed_batches_total", "Batches recovered through replay.", func(w *Worker) uint64 { return w.Wire.Replayed })
-	counter("tail_checks_total", "Replays asked after a quiet spell, to find batches dropped at the end of a burst.", func(w *Worker) uint64 { return w.Wire.TailChecks })
-	counter("replay_failures_total", "Replay requests that timed out or broke after connecting; retried with backoff.", func(w *Worker) uint64 { return w.Wire.ReplayFailures })
-	counter("replay_unreachable_total", "Replay dials that failed (endpoint down or not speaking ZMTP); backed off, not a loss.", func(w *Worker) uint64 { return w.Wire.ReplayUnreachable })
-	counter("history_missing_total", "Replays that found the engine no longer held a gap.", func(w *Worker) uint64 { return w.Wire.HistoryMissing })
-	counter("batches_lost_total", "Batches the engine sent that were never delivered (no replay, past its buffer, or its replay endpoint unreachable past the patience).", func(w *Worker) uint64 { return w.Wire.Lost })
-	counter("snapshots_total", "Engine snapshots (SGLang snapshot-v1) applied after a reset.", func(w *Worker) uint64 { return w.Wire.Snapshots })
-	counter("snapshot_failures_total", "Engine snapshots refused, broken off or unreachable.", func(w *Worker) uint64 { return w.Wire.SnapshotFailures })
-	counter("snapshot_blocks_total", "Blocks engine snapshots put back into the index.", func(w *Worker) uint64 { return w.Actor.SnapshotBlocks })
-	counter("snapshot_unmapped_total", "Blocks engine snapshots named that the worker never told of; left out.", func(w *Worker) uint64 { return w.Actor.SnapshotUnmapped })
-	counter("live_overflow_total", "Live batches dropped past MaxReplayBuffer while a replay held them back; replayed later.", func(w *Worker) uint64 { return w.Wire.LiveOverflow })
-	counter("publisher_restarts_total", "Other publisher incarnations detected (seq back, or a replay that does not hold the last batch as applied).", func(w *Worker) uint64 { return w.Wire.Restarts })
-	counter("reconnects_total", "SUB sockets rebuilt after a failure or an idle spell.", func(w *Worker) uint64 { return w.Wire.Reconnects })
-	counter("decode_errors_total", "Payloads that did not decode; the batch is dropped.", func(w *Worker) uint64 { return w.Actor.DecodeErrors })
-	counter("resyncs_total", "Times the worker's index entries were cleared because history was unknown.", func(w *Worker) uint64 { return w.Actor.Resyncs })
-	counter("blocks_stored_total", "Router blocks sent to the index as stored.", func(w *Worker) uint64 { return w.Actor.BlocksStored })
-	counter("blocks_removed_total", "Router blocks sent to the index as removed.", func(w *Worker) uint64 { return w.Actor.BlocksRemoved })
-	counter("token_mismatch_total", "BlockStored events whose tokens did not cover their blocks.", func(w *Worker) uint64 { return w.Actor.TokenMismatch })
-	counter("unknown_parent_total", "BlockStored events whose parent the worker never told of; left out of the index.", func(w *Worker) uint64 { return w.Actor.UnknownParent })
-	counter("unknown_removes_total", "Removed blocks the worker was not known to hold.", func(w *Worker) uint64 { return w.Actor.UnknownRemove })
-	counter("block_size_warnings_total", "Blocks smaller than the router's before any full block; indexed at their own size.", func(w *Worker) uint64 { return w.Actor.SizeWarnings })
-	counter("dropped_batches_total", "Batches dropped because the shard was behind (Drop backpressure).", func(w *Worker) uint64 { return w.Actor.DroppedBatches })
-	counter("worker_restarts_total", "Worker goroutines restarted after a panic.", func(w *Worker) uint64 { return w.Restarts })
+	counter("batches_received_total", "Batches delivered in seq order to the worker's actor, live or replayed.", func(w *kvpipe.WorkerStats) uint64 { return w.Wire.Batches })
+	counter("malformed_messages_total", "Messages that were not [topic, 8-byte seq, payload]; skipped.", func(w *kvpipe.WorkerStats) uint64 { return w.Wire.Malformed })
+	counter("duplicate_batches_total", "Batches with a seq already applied; dropped.", func(w *kvpipe.WorkerStats) uint64 { return w.Wire.Duplicates })
+	counter("seq_gaps_total", "Jumps in seq: batches lost on the way.", func(w *kvpipe.WorkerStats) uint64 { return w.Wire.Gaps })
+	counter("replays_total", "Replay requests sent to the engine's ROUTER.", func(w *kvpipe.WorkerStats) uint64 { return w.Wire.Replays })
+	counter("replayed_batches_total", "Batches recovered through replay.", func(w *kvpipe.WorkerStats) uint64 { return w.Wire.Replayed })
+	counter("tail_checks_total", "Replays asked after a quiet spell, to find batches dropped at the end of a burst.", func(w *kvpipe.WorkerStats) uint64 { return w.Wire.TailChecks })
+	counter("replay_failures_total", "Replay requests that timed out or broke after connecting; retried with backoff.", func(w *kvpipe.WorkerStats) uint64 { return w.Wire.ReplayFailures })
+	counter("replay_unreachable_total", "Replay dials that failed (endpoint down or not speaking ZMTP); backed off, not a loss.", func(w *kvpipe.WorkerStats) uint64 { return w.Wire.ReplayUnreachable })
+	counter("history_missing_total", "Replays that found the engine no longer held a gap.", func(w *kvpipe.WorkerStats) uint64 { return w.Wire.HistoryMissing })
+	counter("batches_lost_total", "Batches the engine sent that were never delivered (no replay, past its buffer, or its replay endpoint unreachable past the patience).", func(w *kvpipe.WorkerStats) uint64 { return w.Wire.Lost })
+	counter("snapshots_total", "Engine snapshots (SGLang snapshot-v1) applied after a reset.", func(w *kvpipe.WorkerStats) uint64 { return w.Wire.Snapshots })
+	counter("snapshot_failures_total", "Engine snapshots refused, broken off or unreachable.", func(w *kvpipe.WorkerStats) uint64 { return w.Wire.SnapshotFailures })
+	counter("snapshot_blocks_total", "Blocks engine snapshots put back into the index.", func(w *kvpipe.WorkerStats) uint64 { return w.Actor.SnapshotBlocks })
+	counter("snapshot_unmapped_total", "Blocks engine snapshots named that the worker never told of; left out.", func(w *kvpipe.WorkerStats) uint64 { return w.Actor.SnapshotUnmapped })
+	counter("live_overflow_total", "Live batches dropped past MaxReplayBuffer while a replay held them back; replayed later.", func(w *kvpipe.WorkerStats) uint64 { return w.Wire.LiveOverflow })
+	counter("publisher_restarts_total", "Other publisher incarnations detected (seq back, or a replay that does not hold the last batch as applied).", func(w *kvpipe.WorkerStats) uint64 { return w.Wire.Restarts })
+	counter("reconnects_total", "SUB sockets rebuilt after a failure or an idle spell.", func(w *kvpipe.WorkerStats) uint64 { return w.Wire.Reconnects })
+	counter("decode_errors_total", "Payloads that did not decode; the batch is dropped.", func(w *kvpipe.WorkerStats) uint64 { return w.Actor.DecodeErrors })
+	counter("resyncs_total", "Times the worker's index entries were cleared because history was unknown.", func(w *kvpipe.WorkerStats) uint64 { return w.Actor.Resyncs })
+	counter("blocks_stored_total", "Router blocks sent to the index as stored.", func(w *kvpipe.WorkerStats) uint64 { return w.Actor.BlocksStored })
+	counter("blocks_removed_total", "Router blocks sent to the index as removed.", func(w *kvpipe.WorkerStats) uint64 { return w.Actor.BlocksRemoved })
+	counter("token_mismatch_total", "BlockStored events whose tokens did not cover their blocks.", func(w *kvpipe.WorkerStats) uint64 { return w.Actor.TokenMismatch })
+	counter("unknown_parent_total", "BlockStored events whose parent the worker never told of; left out of the index.", func(w *kvpipe.WorkerStats) uint64 { return w.Actor.UnknownParent })
+	counter("unknown_removes_total", "Removed blocks the worker was not known to hold.", func(w *kvpipe.WorkerStats) uint64 { return w.Actor.UnknownRemove })
+	counter("block_size_warnings_total", "Blocks smaller than the router's before any full block; indexed at their own size.", func(w *kvpipe.WorkerStats) uint64 { return w.Actor.SizeWarnings })
+	counter("dropped_batches_total", "Batches dropped because the shard was behind (Drop backpressure).", func(w *kvpipe.WorkerStats) uint64 { return w.Actor.DroppedBatches })
+	counter("worker_restarts_total", "Worker goroutines restarted after a panic.", func(w *kvpipe.WorkerStats) uint64 { return w.Restarts })
 	c.events = newDesc("events_received_total", "Events received, by type.", prometheus.CounterValue, "worker", "type")
 	c.filtered = newDesc("filtered_events_total", "Events not indexed, by reason.", prometheus.CounterValue, "worker", "reason")
 	c.protocol = newDesc("protocol_errors_total", "Connections closed because the peer broke ZMTP or the message size limit, by kind.", prometheus.CounterValue, "worker", "kind")
@@ -134,11 +96,12 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range c.all() {
 		ch <- d.d
 	}
+	ch <- c.latency
 }
 
 // Collect implements prometheus.Collector.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	snap := c.snapshot()
+	snap := c.stats()
 	emit := func(d desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d.d, d.typ, v, labels...)
 	}
@@ -170,6 +133,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		emit(c.nodes, float64(s.Nodes), id)
 		emit(c.shardUnknown, float64(s.UnknownRemoves), id)
 	}
+	c.collectLatency(ch, snap.FindMatches)
 }
 
 func gauge(b bool) float64 {
@@ -179,11 +143,14 @@ func gauge(b bool) float64 {
 	return 0
 }
 
-// NewFindMatchesHistogram is the latency of FindMatches, in seconds.
-func NewFindMatchesHistogram() prometheus.Histogram {
-	return prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "kvpipe_find_matches_duration_seconds",
-		Help:    "Time to answer FindMatches across every shard.",
-		Buckets: prometheus.ExponentialBuckets(1e-6, 4, 10), // 1us .. 262ms
-	})
+// collectLatency emits FindMatches' durations as a histogram.
+func (c *Collector) collectLatency(ch chan<- prometheus.Metric, l kvpipe.Latency) {
+	buckets := make(map[float64]uint64, len(kvpipe.LatencyBounds))
+	var n uint64
+	for i, b := range kvpipe.LatencyBounds {
+		n += l.Buckets[i]
+		buckets[b.Seconds()] = n
+	}
+	n += l.Buckets[len(kvpipe.LatencyBounds)]
+	ch <- prometheus.MustNewConstHistogram(c.latency, n, l.Sum.Seconds(), buckets)
 }

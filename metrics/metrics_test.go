@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"github.com/kvpipe/kvpipe"
 	"os"
 	"strings"
 	"testing"
@@ -12,8 +13,8 @@ import (
 )
 
 func TestCollectorReadsTheCountersAtScrape(t *testing.T) {
-	snap := Snapshot{Workers: []Worker{{Name: "w0", Restarts: 2}}, Shards: []Shard{{QueueDepth: 3, Nodes: 40, UnknownRemoves: 5}}}
-	c := NewCollector(func() Snapshot { return snap })
+	snap := kvpipe.Stats{Workers: []kvpipe.WorkerStats{{Name: "w0", Restarts: 2}}, Shards: []kvpipe.ShardStats{{QueueDepth: 3, Nodes: 40, UnknownRemoves: 5}}}
+	c := NewCollector(func() kvpipe.Stats { return snap })
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(c)
 
@@ -115,8 +116,7 @@ func TestREADMEListsEveryMetric(t *testing.T) {
 		}
 	}
 	descs := make(chan *prometheus.Desc, 256)
-	NewCollector(func() Snapshot { return Snapshot{} }).Describe(descs)
-	NewFindMatchesHistogram().Describe(descs)
+	NewCollector(func() kvpipe.Stats { return kvpipe.Stats{} }).Describe(descs)
 	close(descs)
 	n := 0
 	for d := range descs {
@@ -139,8 +139,8 @@ func TestREADMEListsEveryMetric(t *testing.T) {
 }
 
 func TestTotalSumsEveryWorker(t *testing.T) {
-	var snap Snapshot
-	snap.Workers = make([]Worker, 3)
+	var snap kvpipe.Stats
+	snap.Workers = make([]kvpipe.WorkerStats, 3)
 	for i := range snap.Workers {
 		w := &snap.Workers[i]
 		w.Wire.Lost, w.Actor.BlocksStored, w.Restarts = uint64(i+1), uint64(10*(i+1)), 1

@@ -8,9 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvpipe/kvpipe/actor"
+	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/index"
-	"github.com/kvpipe/kvpipe/supervisor"
 )
 
 func benchOps(n int) []index.Op {
@@ -23,22 +22,22 @@ func benchOps(n int) []index.Op {
 
 func BenchmarkAppendMessage(b *testing.B) {
 	ops := benchOps(256)
-	buf, _ := AppendMessage(nil, false, ops)
+	buf, _ := appendMessage(nil, false, ops)
 	b.ReportAllocs()
 	b.SetBytes(int64(len(buf)))
 	for b.Loop() {
-		buf, _ = AppendMessage(buf[:0], false, ops)
+		buf, _ = appendMessage(buf[:0], false, ops)
 	}
 	b.ReportMetric(float64(b.N)*256/b.Elapsed().Seconds(), "ops/s")
 }
 
 func BenchmarkDecodeMessage(b *testing.B) {
-	buf, _ := AppendMessage(nil, false, benchOps(256))
-	dst, _, _ := DecodeMessage(buf, nil)
+	buf, _ := appendMessage(nil, false, benchOps(256))
+	dst, _, _ := decodeMessage(buf, nil)
 	b.ReportAllocs()
 	b.SetBytes(int64(len(buf)))
 	for b.Loop() {
-		dst, _, _ = DecodeMessage(buf, dst)
+		dst, _, _ = decodeMessage(buf, dst)
 	}
 	b.ReportMetric(float64(b.N)*256/b.Elapsed().Seconds(), "ops/s")
 }
@@ -92,7 +91,7 @@ func benchPublish(b *testing.B, window, workers int) {
 		total++
 		mu.Unlock()
 	}
-	p, err := supervisor.New(supervisor.Config{BlockSize: bs, Source: f})
+	p, err := kvpipe.New(kvpipe.Config{BlockSize: bs, Source: f})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -111,9 +110,9 @@ func benchPublish(b *testing.B, window, workers int) {
 			name := fmt.Sprintf("w%d", w)
 			for i := range per {
 				sent[w] = append(sent[w], time.Now())
-				ru.publish(ctx, name, ops, actor.Origin{Batch: true, Seq: uint64(i), Fingerprint: uint64(i)})
+				ru.Ops(ctx, name, ops, kvpipe.Origin{Batch: true, Seq: uint64(i), Fingerprint: uint64(i)})
 			}
-			if _, err := ru.flush(ctx, name); err != nil {
+			if _, err := ru.Flush(ctx, name); err != nil {
 				b.Error(err)
 			}
 		})

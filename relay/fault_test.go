@@ -8,8 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/natstest"
+	"github.com/kvpipe/kvpipe/metrics"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -457,9 +459,8 @@ func TestBadSnapshots(t *testing.T) {
 // its next snapshot is of the new stream, and a router started on it is
 // exact.
 //
-// With a Registry, the old pipeline's collectors are gone before the new
-// one's register (or the new one would fail as a duplicate and the relay
-// stop): the metrics are served throughout and read the new pipeline.
+// A collector over the relay's current pipeline, registered once by the
+// caller, serves the metrics throughout and reads the new pipeline.
 func TestStreamDeletedUnderARunningRelay(t *testing.T) {
 	t.Parallel()
 	_, js := startServer(t)
@@ -468,9 +469,14 @@ func TestStreamDeletedUnderARunningRelay(t *testing.T) {
 	reqs := trace(400, 9)
 	cfg := relayConfig(s)
 	cfg.SnapshotEvery = 50 * time.Millisecond // a snapshot is where the relay finds the stream changed
-	reg := prometheus.NewRegistry()
-	cfg.Pipeline.Registry = reg
 	rr := startRelay(t, js, cfg, a)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(metrics.NewCollector(func() kvpipe.Stats {
+		if p := rr.Pipeline(); p != nil {
+			return p.Stats()
+		}
+		return kvpipe.Stats{}
+	}))
 	a.serve(reqs[:150])
 	relayed(t, rr, a)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -746,7 +752,7 @@ func TestWorkerAddedAgainBeforeItsRemovalIsStored(t *testing.T) {
 		if m.Subject != s.Subject(a.name) {
 			return
 		}
-		ops, _, err := DecodeMessage(m.Data, nil)
+		ops, _, err := decodeMessage(m.Data, nil)
 		if err != nil {
 			t.Fatalf("message %d: %v", m.Sequence, err)
 		}

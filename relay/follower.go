@@ -9,10 +9,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/pace"
 	"github.com/kvpipe/kvpipe/snapshot"
-	"github.com/kvpipe/kvpipe/supervisor"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -22,7 +22,7 @@ type FollowerConfig struct {
 	Logger   *slog.Logger
 }
 
-// Follower is a supervisor.Source that feeds a router's Pipeline from a
+// Follower is a kvpipe.Source that feeds a router's Pipeline from a
 // relay's stream instead of the engines: it starts from the newest
 // snapshot in the bucket, if the stream still holds every message after
 // it, and then applies the stream's messages in order with one ordered
@@ -51,7 +51,7 @@ type Follower struct {
 	snap     snapshot.Snapshot
 	buf      []byte
 	ops      []index.Op
-	warn     pace.Limiter
+	warn     *pace.Warner
 	lastSeen uint64 // the stream sequence of the last message handled in this run
 	// applied, when set (benchmarks), sees each message's sequence and
 	// worker once it is handed to the pipeline.
@@ -102,10 +102,10 @@ func NewFollower(js jetstream.JetStream, cfg FollowerConfig) (*Follower, error) 
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Follower{js: js, cfg: cfg, log: cfg.Logger, fed: map[string]bool{}, warn: pace.Limiter{Every: time.Second}}, nil
+	return &Follower{js: js, cfg: cfg, log: cfg.Logger, fed: map[string]bool{}, warn: pace.NewWarner(cfg.Logger, "kvpipe/relay: ")}, nil
 }
 
-var _ supervisor.Source = (*Follower)(nil)
+var _ kvpipe.Source = (*Follower)(nil)
 
 // followed is what a run knows of one worker.
 type followed struct {
@@ -118,7 +118,7 @@ type followed struct {
 var errGap = errors.New("relay: the stream no longer holds messages the follower has not read")
 
 // Run feeds f's pipeline until ctx ends (nil) or the stream fails it.
-func (f *Follower) Run(ctx context.Context, feed *supervisor.Feed) error {
+func (f *Follower) Run(ctx context.Context, feed *kvpipe.Feed) error {
 	if f.busy.Swap(true) {
 		return errors.New("relay: Follower.Run called again while running")
 	}
@@ -131,58 +131,30 @@ func (f *Follower) Run(ctx context.Context, feed *supervisor.Feed) error {
 	return err
 }
 
-func (f *Follower) run(ctx context.Context, feed *supervisor.Feed) error {
+// following is where one run of a Follower starts in the stream.
+type following struct {
+	workers      map[string]*followed
+	fromSnapshot bool
+	base         uint64 // with a snapshot: every worker's messages up to base are in it
+	// defaultWhole: a worker the stream names first holds its whole
+	// history (the stream starts at its first message).
+	defaultWhole bool
+	next         uint64 // the sequence expected next
+}
+
+func (f *Follower) run(ctx context.Context, feed *kvpipe.Feed) error {
 	s := f.cfg.Settings
 	stream, err := f.js.Stream(ctx, s.Stream)
 	if err != nil {
 		return fmt.Errorf("relay: stream %s: %w", s.Stream, err)
 	}
-	// The snapshot first, the stream's state after: a snapshot written in
-	// between then is checked against a stream that has what it covers.
-	snap, meta, err := f.load(ctx, feed.BlockSize())
+	fl, err := f.start(ctx, feed, stream)
 	if err != nil {
 		return err
 	}
-	info, err := stream.Info(ctx)
-	if err != nil {
-		return fmt.Errorf("relay: stream %s: %w", s.Stream, err)
-	}
-	st := info.State
-	workers := map[string]*followed{}
-	var base uint64 // with a snapshot: every worker's messages up to base are in it
-	defaultWhole := st.FirstSeq <= 1
-	if snap != nil {
-		var reason string
-		if base, reason = check(snap, meta, info); reason != "" {
-			f.refuse(reason)
-			snap = nil
-			// A stream made again, or one that lost what followed the
-			// snapshot, does not hold the workers' whole history.
-			defaultWhole = false
-		}
-	}
-	if snap != nil {
-		f.stats.loaded.Add(1)
-		if err := f.applySnapshot(ctx, feed, snap, base, workers); err != nil {
-			return err
-		}
-	} else {
-		// Nothing of an earlier run may stay: the stream rebuilds what it
-		// can, from its first message.
-		for name := range f.fed {
-			if err := feed.Apply(ctx, name, true, []index.Op{{Kind: index.OpClearWorker}}); err != nil {
-				return err
-			}
-		}
-		if !defaultWhole {
-			f.log.Warn("kvpipe/relay: following the stream without a snapshot from a point after its start: workers are partial until their engines clear",
-				"first_seq", st.FirstSeq)
-		}
-	}
 	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{s.Prefix + ".>"}}
-	next := max(st.FirstSeq, 1) // the sequence expected next
-	if snap != nil {
-		cfg.DeliverPolicy, cfg.OptStartSeq, next = jetstream.DeliverByStartSequencePolicy, base+1, base+1
+	if fl.fromSnapshot {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, fl.next
 	}
 	cons, err := f.js.OrderedConsumer(ctx, s.Stream, cfg)
 	if err != nil {
@@ -193,9 +165,60 @@ func (f *Follower) run(ctx context.Context, feed *supervisor.Feed) error {
 		return fmt.Errorf("relay: consumer: %w", err)
 	}
 	defer it.Stop()
-	f.lastSeen = next - 1
+	f.lastSeen = fl.next - 1
 	f.stats.lastApplied.Store(f.lastSeen) // what the snapshot covers counts as applied
-	first := true
+	return f.consume(ctx, feed, it, fl)
+}
+
+// start loads the snapshot, checks it against the stream and applies it,
+// or clears what an earlier run fed when there is none to use.
+func (f *Follower) start(ctx context.Context, feed *kvpipe.Feed, stream jetstream.Stream) (*following, error) {
+	// The snapshot first, the stream's state after: a snapshot written in
+	// between then is checked against a stream that has what it covers.
+	snap, meta, err := f.load(ctx, feed.BlockSize())
+	if err != nil {
+		return nil, err
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("relay: stream %s: %w", f.cfg.Settings.Stream, err)
+	}
+	st := info.State
+	fl := &following{workers: map[string]*followed{}, defaultWhole: st.FirstSeq <= 1, next: max(st.FirstSeq, 1)}
+	if snap != nil {
+		var reason string
+		if fl.base, reason = check(snap, meta, info); reason != "" {
+			f.refuse(reason)
+			snap = nil
+			// A stream made again, or one that lost what followed the
+			// snapshot, does not hold the workers' whole history.
+			fl.defaultWhole = false
+		}
+	}
+	if snap != nil {
+		f.stats.loaded.Add(1)
+		fl.fromSnapshot, fl.next = true, fl.base+1
+		return fl, f.applySnapshot(ctx, feed, snap, fl.base, fl.workers)
+	}
+	// Nothing of an earlier run may stay: the stream rebuilds what it
+	// can, from its first message.
+	for name := range f.fed {
+		if err := feed.Apply(ctx, name, true, []index.Op{{Kind: index.OpClearWorker}}); err != nil {
+			return nil, err
+		}
+	}
+	if !fl.defaultWhole {
+		f.log.Warn("kvpipe/relay: following the stream without a snapshot from a point after its start: workers are partial until their engines clear",
+			"first_seq", st.FirstSeq)
+	}
+	return fl, nil
+}
+
+// consume applies the stream's messages from fl.next on, until ctx ends
+// or the stream fails.
+func (f *Follower) consume(ctx context.Context, feed *kvpipe.Feed, it jetstream.MessagesContext, fl *following) error {
+	s := f.cfg.Settings
+	first := true // no message handled yet
 	for {
 		msg, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
@@ -211,21 +234,21 @@ func (f *Follower) run(ctx context.Context, feed *supervisor.Feed) error {
 			f.stats.duplicates.Add(1)
 			continue
 		}
-		if seq != next {
-			if !first || snap != nil {
+		if seq != fl.next {
+			if !first || fl.fromSnapshot {
 				f.stats.gaps.Add(1)
-				return fmt.Errorf("%w: next was %d, the stream delivered %d", errGap, next, seq)
+				return fmt.Errorf("%w: next was %d, the stream delivered %d", errGap, fl.next, seq)
 			}
 			// Trimmed between reading the stream's state and the
 			// consumer's start: the history is not whole after all.
-			defaultWhole = false
-			for _, w := range workers {
+			fl.defaultWhole = false
+			for _, w := range fl.workers {
 				w.whole = false
 			}
 		}
 		first = false
-		next, f.lastSeen = seq+1, seq
-		if err := f.handle(ctx, feed, workers, msg, seq, base, defaultWhole); err != nil {
+		fl.next, f.lastSeen = seq+1, seq
+		if err := f.handle(ctx, feed, fl.workers, msg, seq, fl.base, fl.defaultWhole); err != nil {
 			return err
 		}
 		f.stats.lastApplied.Store(seq)
@@ -233,7 +256,7 @@ func (f *Follower) run(ctx context.Context, feed *supervisor.Feed) error {
 }
 
 // handle applies the message at seq, unless the snapshot covers it.
-func (f *Follower) handle(ctx context.Context, feed *supervisor.Feed, workers map[string]*followed, msg jetstream.Msg,
+func (f *Follower) handle(ctx context.Context, feed *kvpipe.Feed, workers map[string]*followed, msg jetstream.Msg,
 	seq, base uint64, defaultWhole bool) error {
 	s := f.cfg.Settings
 	w := workers[msg.Subject()]
@@ -250,7 +273,7 @@ func (f *Follower) handle(ctx context.Context, feed *supervisor.Feed, workers ma
 		f.stats.skipped.Add(1)
 		return nil
 	}
-	ops, partial, err := DecodeMessage(msg.Data(), f.ops)
+	ops, partial, err := decodeMessage(msg.Data(), f.ops)
 	f.ops = ops[:0]
 	if err != nil {
 		// Its ops are lost, removes perhaps among them: the worker's
@@ -360,7 +383,7 @@ func check(snap *snapshot.Snapshot, meta SnapshotMeta, info *jetstream.StreamInf
 // applySnapshot rebuilds every worker of snap, removes the workers of an
 // earlier run that snap does not have, and fills workers with what the run
 // knows of each.
-func (f *Follower) applySnapshot(ctx context.Context, feed *supervisor.Feed, snap *snapshot.Snapshot, base uint64, workers map[string]*followed) error {
+func (f *Follower) applySnapshot(ctx context.Context, feed *kvpipe.Feed, snap *snapshot.Snapshot, base uint64, workers map[string]*followed) error {
 	in := map[string]bool{}
 	for i := range snap.Workers {
 		in[string(snap.Workers[i].Name)] = true
@@ -402,7 +425,5 @@ func (f *Follower) refuse(reason string) {
 
 func (f *Follower) badMessage(seq uint64, subject string, err error) {
 	f.stats.bad.Add(1)
-	if n, ok := f.warn.Allow(time.Now()); ok {
-		f.log.Warn("kvpipe/relay: bad message skipped", "seq", seq, "subject", subject, "err", err, "suppressed", n)
-	}
+	f.warn.Warn("bad message skipped", "seq", seq, "subject", subject, "err", err)
 }

@@ -8,9 +8,9 @@ import (
 )
 
 // FuzzMessage: any bytes either decode, and then encode back to exactly
-// themselves, or fail with ErrMessage; nothing panics.
+// themselves, or fail with errMessage; nothing panics.
 func FuzzMessage(f *testing.F) {
-	good, _ := AppendMessage(nil, true, everyOp())
+	good, _ := appendMessage(nil, true, everyOp())
 	f.Add(good)
 	f.Add(good[:len(good)-3])
 	f.Add([]byte{MessageVersion, 0})
@@ -18,12 +18,12 @@ func FuzzMessage(f *testing.F) {
 	f.Add([]byte{2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0})
 	var dst []index.Op
 	f.Fuzz(func(t *testing.T, data []byte) {
-		ops, partial, err := DecodeMessage(data, dst)
+		ops, partial, err := decodeMessage(data, dst)
 		dst = ops
 		if err != nil {
 			return
 		}
-		again, err := AppendMessage(nil, partial, ops)
+		again, err := appendMessage(nil, partial, ops)
 		if err != nil {
 			t.Fatalf("decoded ops do not encode: %v", err)
 		}

@@ -9,14 +9,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/natstest"
 	"github.com/kvpipe/kvpipe/internal/sim"
+	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/kvpipe/kvpipe/internal/ztest"
-	"github.com/kvpipe/kvpipe/supervisor"
 	"github.com/kvpipe/kvpipe/wire"
-	"github.com/kvpipe/kvpipe/wire/wiretest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -64,8 +64,8 @@ func newEngine(t testing.TB, name string) *engine {
 	return e
 }
 
-func (e *engine) config() supervisor.WorkerConfig {
-	return supervisor.WorkerConfig{Endpoint: e.ep, ReplayEndpoint: e.replay}
+func (e *engine) config() kvpipe.WorkerConfig {
+	return kvpipe.WorkerConfig{Endpoint: e.ep, ReplayEndpoint: e.replay}
 }
 
 // serve runs the requests, publishing one batch for each that changed the
@@ -116,7 +116,7 @@ func testSettings() Settings {
 func relayConfig(s Settings) Config {
 	return Config{
 		Settings: s,
-		Pipeline: supervisor.Config{BlockSize: bs, Logger: testLogger(),
+		Pipeline: kvpipe.Config{BlockSize: bs, Logger: testLogger(),
 			Subscriber: wire.Options{ReconnectMin: 10 * time.Millisecond, ReconnectMax: 100 * time.Millisecond}},
 		SnapshotEvery:  time.Hour,       // tests write snapshots when they want them
 		PublishTimeout: 2 * time.Second, // the default: a loaded machine acknowledges late, and each retry is a copy
@@ -186,7 +186,7 @@ func (rr *running) snapshotNow(t testing.TB) {
 
 // router is a router's Pipeline fed by a Follower.
 type router struct {
-	p *supervisor.Pipeline
+	p *kvpipe.Pipeline
 	f *Follower
 }
 
@@ -196,7 +196,7 @@ func startRouter(t testing.TB, js jetstream.JetStream, s Settings) *router {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := supervisor.New(supervisor.Config{BlockSize: bs, Source: f, Logger: testLogger(),
+	p, err := kvpipe.New(kvpipe.Config{BlockSize: bs, Source: f, Logger: testLogger(),
 		RestartMin: 10 * time.Millisecond, RestartMax: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -228,7 +228,7 @@ func eventually(t testing.TB, what string, cond func() error) {
 // exact reports where p's answers differ from what the engines hold: for
 // every request an engine served, every engine's leading blocks on device
 // and in device or host, and the worker not partial.
-func exact(p *supervisor.Pipeline, engines ...*engine) error {
+func exact(p *kvpipe.Pipeline, engines ...*engine) error {
 	ctx := context.Background()
 	for _, e := range engines {
 		for _, q := range e.queries {
@@ -238,7 +238,7 @@ func exact(p *supervisor.Pipeline, engines ...*engine) error {
 			}
 			for _, o := range engines {
 				dev, any := o.sim.Held(q.r)
-				var m supervisor.Match
+				var m kvpipe.Match
 				for _, x := range ms {
 					if x.Worker == o.name {
 						m = x
@@ -258,7 +258,7 @@ func exact(p *supervisor.Pipeline, engines ...*engine) error {
 
 // sound reports a key p holds that an engine does not: p may lack blocks,
 // never have extra ones.
-func sound(p *supervisor.Pipeline, engines ...*engine) error {
+func sound(p *kvpipe.Pipeline, engines ...*engine) error {
 	ctx := context.Background()
 	for _, e := range engines {
 		for _, q := range e.queries {
@@ -281,7 +281,7 @@ func sound(p *supervisor.Pipeline, engines ...*engine) error {
 
 // sameBlocks reports where the routers' per-worker block counts differ
 // from the relay's own pipeline's, tier by tier.
-func sameBlocks(relay *supervisor.Pipeline, routers ...*router) error {
+func sameBlocks(relay *kvpipe.Pipeline, routers ...*router) error {
 	want := map[string][index.NumTiers]int64{}
 	for _, w := range relay.Stats().Workers {
 		want[w.Name] = w.Actor.TierBlocks
@@ -335,7 +335,7 @@ func caughtUp(t testing.TB, js jetstream.JetStream, s Settings, rs ...*router) {
 
 // holdsSome reports whether p scores any worker above 0 for an engine's
 // request.
-func holdsSome(p *supervisor.Pipeline, engines ...*engine) bool {
+func holdsSome(p *kvpipe.Pipeline, engines ...*engine) bool {
 	for _, e := range engines {
 		for _, q := range e.queries {
 			if ms, _ := p.FindMatchesKeys(context.Background(), q.keys); len(ms) > 0 {
@@ -376,7 +376,7 @@ func relayed(t testing.TB, rr *running, engines ...*engine) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		for _, e := range engines {
-			if _, err := ru.flush(ctx, e.name); err != nil {
+			if _, err := ru.Flush(ctx, e.name); err != nil {
 				return err
 			}
 		}

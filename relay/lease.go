@@ -83,8 +83,7 @@ type Lease struct {
 
 	running atomic.Bool
 
-	warnMu sync.Mutex
-	warn   pace.Limiter
+	warn *pace.Warner
 }
 
 // LeaseStats are a Lease's counters.
@@ -142,7 +141,7 @@ func NewLease(js jetstream.JetStream, cfg LeaseConfig) (*Lease, error) {
 		return nil, fmt.Errorf("relay: lease TTL %v is under %v, the shortest max age the server takes", cfg.TTL, minLeaseTTL)
 	}
 	return &Lease{js: js, cfg: cfg, value: []byte(cfg.Holder), log: cfg.Logger,
-		warn: pace.Limiter{Every: time.Second}}, nil
+		warn: pace.NewWarner(cfg.Logger, "kvpipe/relay: ")}, nil
 }
 
 // defaultHolder is host-pid-random: unique to the Lease even within a
@@ -212,7 +211,7 @@ func (l *Lease) open(ctx context.Context) (jetstream.KeyValue, error) {
 		case ctx.Err() != nil:
 			return nil, context.Cause(ctx)
 		}
-		l.warnf("cannot open the lease bucket; trying again", "bucket", l.cfg.Bucket, "err", err)
+		l.warn.Warn("cannot open the lease bucket; trying again", "bucket", l.cfg.Bucket, "err", err)
 		if !pace.Sleep(ctx, b.Next()) {
 			return nil, context.Cause(ctx)
 		}
@@ -294,7 +293,7 @@ func (l *Lease) acquire(ctx context.Context, kv jetstream.KeyValue, again bool) 
 				}
 			}
 		default:
-			l.warnf("cannot take the lease; trying again", "key", l.cfg.Key, "err", err)
+			l.warn.Warn("cannot take the lease; trying again", "key", l.cfg.Key, "err", err)
 			wait = b.Next()
 		}
 		if !l.waitForKey(ctx, wait, &w, &updates) {
@@ -472,7 +471,7 @@ func (l *Lease) renew(held context.Context, kv jetstream.KeyValue, h *holding, s
 			l.lose(h, fmt.Errorf("%w: key %s was taken or removed (%v)", ErrLeaseLost, l.cfg.Key, err), true)
 		default:
 			l.stats.renewErrors.Add(1)
-			l.warnf("lease not renewed; trying again", "key", l.cfg.Key, "err", err)
+			l.warn.Warn("lease not renewed; trying again", "key", l.cfg.Key, "err", err)
 			next = time.Now().Add(b.Next())
 		}
 		cancel()
@@ -527,16 +526,4 @@ func (l *Lease) release(ctx context.Context, kv jetstream.KeyValue, rev uint64) 
 	}
 	l.stats.released.Add(1)
 	l.log.Info("kvpipe/relay: lease released", "key", l.cfg.Key, "holder", l.cfg.Holder)
-}
-
-func (l *Lease) warnf(msg string, args ...any) {
-	l.warnMu.Lock()
-	n, ok := l.warn.Allow(time.Now())
-	l.warnMu.Unlock()
-	if ok {
-		if n > 0 {
-			args = append(args, "suppressed", n)
-		}
-		l.log.Warn("kvpipe/relay: "+msg, args...)
-	}
 }

@@ -28,13 +28,13 @@ const (
 	opLen          = 9
 )
 
-// ErrMessage is what every message decoding error wraps.
-var ErrMessage = errors.New("relay: bad message")
+// errMessage is what every message decoding error wraps.
+var errMessage = errors.New("relay: bad message")
 
-// AppendMessage appends the message of ops to dst. It allocates nothing
+// appendMessage appends the message of ops to dst. It allocates nothing
 // when dst has room for 2+9·len(ops) bytes. An op of an unknown kind or of
 // a tier from index.NumTiers on cannot be carried: the error names it.
-func AppendMessage(dst []byte, partial bool, ops []index.Op) ([]byte, error) {
+func appendMessage(dst []byte, partial bool, ops []index.Op) ([]byte, error) {
 	var flags byte
 	if partial {
 		flags = FlagPartial
@@ -52,38 +52,38 @@ func AppendMessage(dst []byte, partial bool, ops []index.Op) ([]byte, error) {
 	return dst, nil
 }
 
-// DecodeMessage decodes data into dst[:0] and returns the ops and whether
+// decodeMessage decodes data into dst[:0] and returns the ops and whether
 // the worker is partial after them. It allocates nothing when dst has room
-// for the ops. Errors wrap ErrMessage and say what is wrong: an empty or
+// for the ops. Errors wrap errMessage and say what is wrong: an empty or
 // truncated message, an unknown version or flag, no ops, an unknown op
 // kind or a tier out of range; the ops returned with one are unspecified.
-func DecodeMessage(data []byte, dst []index.Op) (ops []index.Op, partial bool, err error) {
+func decodeMessage(data []byte, dst []index.Op) (ops []index.Op, partial bool, err error) {
 	dst = dst[:0]
 	switch {
 	case len(data) < headerLen:
-		return dst, false, fmt.Errorf("%w: %d bytes, shorter than the %d-byte header", ErrMessage, len(data), headerLen)
+		return dst, false, fmt.Errorf("%w: %d bytes, shorter than the %d-byte header", errMessage, len(data), headerLen)
 	case data[0] != MessageVersion:
-		return dst, false, fmt.Errorf("%w: version %d, this build reads %d", ErrMessage, data[0], MessageVersion)
+		return dst, false, fmt.Errorf("%w: version %d, this build reads %d", errMessage, data[0], MessageVersion)
 	case data[1]&^FlagPartial != 0:
-		return dst, false, fmt.Errorf("%w: unknown flags %#x", ErrMessage, data[1]&^FlagPartial)
+		return dst, false, fmt.Errorf("%w: unknown flags %#x", errMessage, data[1]&^FlagPartial)
 	}
 	body := data[headerLen:]
 	if len(body)%opLen != 0 {
-		return dst, false, fmt.Errorf("%w: truncated: %d bytes of ops is not a whole number of %d-byte ops", ErrMessage, len(body), opLen)
+		return dst, false, fmt.Errorf("%w: truncated: %d bytes of ops is not a whole number of %d-byte ops", errMessage, len(body), opLen)
 	}
 	n := len(body) / opLen
 	if n == 0 {
-		return dst, false, fmt.Errorf("%w: no ops", ErrMessage)
+		return dst, false, fmt.Errorf("%w: no ops", errMessage)
 	}
 	dst = slices.Grow(dst, n)
 	for i := range n {
 		b := body[i*opLen : (i+1)*opLen]
 		kind, tier := index.OpKind(b[0]&0x0f), index.Tier(b[0]>>4)
 		if kind > index.OpClearTier {
-			return dst, false, fmt.Errorf("%w: op %d: unknown kind %d", ErrMessage, i, kind)
+			return dst, false, fmt.Errorf("%w: op %d: unknown kind %d", errMessage, i, kind)
 		}
 		if tier >= index.NumTiers {
-			return dst, false, fmt.Errorf("%w: op %d: tier %d, there are %d", ErrMessage, i, tier, index.NumTiers)
+			return dst, false, fmt.Errorf("%w: op %d: tier %d, there are %d", errMessage, i, tier, index.NumTiers)
 		}
 		dst = append(dst, index.Op{Kind: kind, Tier: tier, Hash: binary.LittleEndian.Uint64(b[1:])})
 	}

@@ -5,12 +5,10 @@ import (
 	"errors"
 	"sync"
 	"sync/atomic"
-	"time"
 
-	"github.com/kvpipe/kvpipe/actor"
+	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/pace"
-	"github.com/kvpipe/kvpipe/supervisor"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -101,7 +99,7 @@ func (ru *run) state(ctx context.Context, worker string) (*pubState, bool) {
 		ru.mu.Lock()
 		ps := ru.pubs[worker]
 		if ps == nil {
-			tok := Token(worker)
+			tok := token(worker)
 			lin, again := ru.gone[worker]
 			if !again {
 				lin = freshLineage(tok)
@@ -143,7 +141,7 @@ func (ru *run) forget(worker string, ps *pubState) {
 // (flush tells a snapshot the one covering this message). It waits only
 // while the worker's window is full, and, for a removal, until the stream
 // has it.
-func (ru *run) publish(ctx context.Context, worker string, ops []index.Op, o actor.Origin) uint64 {
+func (ru *run) Ops(ctx context.Context, worker string, ops []index.Op, o kvpipe.Origin) uint64 {
 	r := ru.r
 	ps, ok := ru.state(ctx, worker)
 	if !ok {
@@ -156,26 +154,13 @@ func (ru *run) publish(ctx context.Context, worker string, ops []index.Op, o act
 	case msg = <-ps.free:
 	default:
 	}
-	msg, err := AppendMessage(msg[:0], o.Partial, ops)
+	msg, err := appendMessage(msg[:0], o.Partial, ops)
 	if err != nil {
 		r.stats.encodeErrors.Add(1)
 		r.log.Error("kvpipe/relay: batch not published", "worker", worker, "err", err)
 		return ps.last.Load()
 	}
-	// A fresh worker's first message clears what an earlier relay left of
-	// it (Actor.StartAfresh): the same in every relay, so it gets an id
-	// every relay gives it, and a second relay following the engine from
-	// its start shares the first one's ids from there on.
-	start := ps.fresh && !o.Batch && len(ops) == 1 && ops[0].Kind == index.OpClearWorker
-	ps.fresh = false
-	switch {
-	case o.Batch:
-		ps.id, ps.lineage = appendBatchID(ps.id[:0], ps.token, o.Seq, o.Fingerprint, o.Part, ps.lineage, msg)
-	case start:
-		ps.id, ps.lineage = appendStartID(ps.id[:0], ps.token, ps.lineage, msg)
-	default:
-		ps.id, ps.lineage = appendOtherID(ps.id[:0], ps.token, r.nonce, r.other.Add(1), ps.lineage, msg)
-	}
+	ps.identify(r, o, ops, msg)
 	e := entry{id: string(ps.id), msg: msg, removal: removal}
 	switch {
 	case removal:
@@ -204,6 +189,24 @@ func (ru *run) publish(ctx context.Context, worker string, ops []index.Op, o act
 		r.stats.abandoned.Add(1)
 	}
 	return ps.last.Load()
+}
+
+// identify makes the id of the worker's next message, msg of ops. A fresh
+// worker's first message clears what an earlier relay left of it (the
+// pipeline starts a tapped worker afresh): the same in every relay, so it
+// gets an id every relay gives it, and a second relay following the engine
+// from its start shares the first one's ids from there on.
+func (ps *pubState) identify(r *Relay, o kvpipe.Origin, ops []index.Op, msg []byte) {
+	start := ps.fresh && !o.Batch && len(ops) == 1 && ops[0].Kind == index.OpClearWorker
+	ps.fresh = false
+	switch {
+	case o.Batch:
+		ps.id, ps.lineage = appendBatchID(ps.id[:0], ps.token, o.Seq, o.Fingerprint, o.Part, ps.lineage, msg)
+	case start:
+		ps.id, ps.lineage = appendStartID(ps.id[:0], ps.token, ps.lineage, msg)
+	default:
+		ps.id, ps.lineage = appendOtherID(ps.id[:0], ps.token, r.nonce, r.other.Add(1), ps.lineage, msg)
+	}
 }
 
 // remove hands the worker's removal to its settler and waits, while ctx
@@ -265,7 +268,7 @@ func (ru *run) enqueue(ctx context.Context, ps *pubState, e *entry) bool {
 
 // flush is the pipeline's Flush: it waits until every message the worker
 // made is settled and returns the stream sequence of the last.
-func (ru *run) flush(ctx context.Context, worker string) (uint64, error) {
+func (ru *run) Flush(ctx context.Context, worker string) (uint64, error) {
 	ps, ok := ru.state(ctx, worker)
 	if !ok {
 		return 0, context.Cause(ctx)
@@ -294,7 +297,6 @@ func (ru *run) flushState(ctx context.Context, ps *pubState) (uint64, error) {
 // when the run's settling ends.
 func (ru *run) settle(worker string, ps *pubState) {
 	defer close(ps.exit)
-	r := ru.r
 	var removal *entry // taken, and sent once the queue is empty
 	for {
 		var e entry
@@ -314,41 +316,7 @@ func (ru *run) settle(worker string, ps *pubState) {
 				return
 			}
 		}
-		var err error
-		switch {
-		case e.replayed:
-			ps.last.Store(e.seq)
-		case e.msg == nil: // a flush
-			if ps.quiet.Load() {
-				err = errParted
-			}
-		case e.gen != ps.gen.Load() && !e.removal:
-			// Sent before the worker parted: its whole state follows,
-			// and nothing before it matters.
-		default:
-			ack := ru.ack(worker, ps, &e)
-			switch {
-			case ack == nil:
-				r.stats.abandoned.Add(1)
-				err = context.Cause(ru.settleCtx)
-			case ack.Sequence <= ps.last.Load() && !e.removal:
-				// Stored before the worker's last message, or taken for
-				// a copy of one that was: its messages are no longer in
-				// order in the stream.
-				ru.part(worker, ps, "the stream holds its messages out of order")
-				err = errParted
-			default:
-				r.stats.published.Add(1)
-				if ack.Duplicate {
-					r.stats.duplicates.Add(1)
-				}
-				ps.last.Store(ack.Sequence)
-			}
-			select {
-			case ps.free <- e.msg:
-			default:
-			}
-		}
+		err := ru.settleOne(worker, ps, &e)
 		if e.removal {
 			ru.mu.Lock()
 			ru.forget(worker, ps)
@@ -368,6 +336,50 @@ func (ru *run) settle(worker string, ps *pubState) {
 	}
 }
 
+// settleOne settles the entry e: a replayed message's place, a flush, or
+// a message sent, whose acknowledgement it waits for.
+func (ru *run) settleOne(worker string, ps *pubState, e *entry) error {
+	r := ru.r
+	switch {
+	case e.replayed:
+		ps.last.Store(e.seq)
+		return nil
+	case e.msg == nil: // a flush
+		if ps.quiet.Load() {
+			return errParted
+		}
+		return nil
+	case e.gen != ps.gen.Load() && !e.removal:
+		// Sent before the worker parted: its whole state follows,
+		// and nothing before it matters.
+		return nil
+	}
+	var err error
+	ack := ru.ack(worker, ps, e)
+	switch {
+	case ack == nil:
+		r.stats.abandoned.Add(1)
+		err = context.Cause(ru.settleCtx)
+	case ack.Sequence <= ps.last.Load() && !e.removal:
+		// Stored before the worker's last message, or taken for
+		// a copy of one that was: its messages are no longer in
+		// order in the stream.
+		ru.part(worker, ps, "the stream holds its messages out of order")
+		err = errParted
+	default:
+		r.stats.published.Add(1)
+		if ack.Duplicate {
+			r.stats.duplicates.Add(1)
+		}
+		ps.last.Store(ack.Sequence)
+	}
+	select {
+	case ps.free <- e.msg:
+	default:
+	}
+	return err
+}
+
 // ack waits for e's acknowledgement; when its publish failed, or was never
 // sent, it sends e itself, again and again after a backoff, until the stream
 // acknowledges it. Nil when the run's settling ends first.
@@ -379,7 +391,7 @@ func (ru *run) ack(worker string, ps *pubState, e *entry) *jetstream.PubAck {
 		case a := <-e.fut.Ok():
 			return a
 		case err := <-e.fut.Err():
-			r.warnf("publish failed; sending it again", "worker", worker, "err", err)
+			r.warn.Warn("publish failed; sending it again", "worker", worker, "err", err)
 		case <-ctx.Done():
 			return nil
 		}
@@ -401,7 +413,7 @@ func (ru *run) ack(worker string, ps *pubState, e *entry) *jetstream.PubAck {
 		if ctx.Err() != nil {
 			return nil
 		}
-		r.warnf("publish failed; trying again", "worker", worker, "err", err)
+		r.warn.Warn("publish failed; trying again", "worker", worker, "err", err)
 		if !pace.Sleep(ctx, backoff.Next()) {
 			return nil
 		}
@@ -425,14 +437,14 @@ func (ru *run) part(worker string, ps *pubState, why string) {
 	r.log.Error("kvpipe/relay: worker parted from the stream; publishing its whole state again", "worker", worker, "why", why)
 	ru.resetting.Go(func() {
 		// The worker may be in the middle of a long replay, which
-		// Republish waits for, up to a minute or the worker's stop.
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		// Republish waits for, up to RepublishTimeout or the worker's stop.
+		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.RepublishTimeout)
 		defer cancel()
 		err := ru.p.Republish(ctx, worker)
 		if err == nil {
 			r.stats.republished.Add(1)
 		}
-		if err == nil || errors.Is(err, supervisor.ErrNoWorker) || errors.Is(err, supervisor.ErrClosed) || ru.settleCtx.Err() != nil {
+		if err == nil || errors.Is(err, kvpipe.ErrNoWorker) || errors.Is(err, kvpipe.ErrClosed) || ru.settleCtx.Err() != nil {
 			return // done, removed meanwhile, or the relay is stopping
 		}
 		r.log.Error("kvpipe/relay: worker's state not published again; removing and adding it", "worker", worker, "err", err)

@@ -10,9 +10,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvpipe/kvpipe"
+	"github.com/kvpipe/kvpipe/internal/conf"
 	"github.com/kvpipe/kvpipe/internal/pace"
 	"github.com/kvpipe/kvpipe/snapshot"
-	"github.com/kvpipe/kvpipe/supervisor"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -24,7 +25,7 @@ type Config struct {
 	// its Publish, and Publish and Source must be unset. Its Backpressure
 	// must be Block: a dropped batch would resync the worker, and two
 	// relays would then part ways (see the message ids).
-	Pipeline supervisor.Config
+	Pipeline kvpipe.Config
 	// SnapshotEvery is how often the relay writes its snapshot (default
 	// 15s); it writes one more when Run's context ends.
 	SnapshotEvery time.Duration
@@ -43,7 +44,15 @@ type Config struct {
 	// ShutdownTimeout bounds the last snapshot and the pipeline's drain
 	// once Run's context ends (default 10s).
 	ShutdownTimeout time.Duration
-	Logger          *slog.Logger // default Pipeline.Logger, else none
+	// RepublishTimeout bounds the wait of a worker parted from the stream
+	// for its turn to publish its whole state: it may be in the middle of a
+	// long replay (default 1m). Past it the worker is removed and added.
+	RepublishTimeout time.Duration
+	// ReadIdle is how long the server keeps the consumer that reads a
+	// restored worker's messages after the snapshot once it goes quiet
+	// (default 5s).
+	ReadIdle time.Duration
+	Logger   *slog.Logger // default Pipeline.Logger, else none
 	// Lease, when set, makes this relay one of several for the same
 	// engines: it writes only while it holds the lease, and a standby
 	// (another relay with a Lease on the same key) takes over from the
@@ -58,7 +67,7 @@ type Config struct {
 // last snapshot; it is exported for logs.
 var ErrStreamChanged = errors.New("relay: the stream was deleted or made again under the relay")
 
-// Relay subscribes to engines through a supervisor.Pipeline and publishes
+// Relay subscribes to engines through a kvpipe.Pipeline and publishes
 // each worker's normalised index ops to the stream, one message per batch
 // of ops, up to MaxInFlight of them unacknowledged; every SnapshotEvery
 // it writes the pipeline's snapshot, with the stream sequence each worker
@@ -79,12 +88,11 @@ type Relay struct {
 	switching sync.Mutex
 
 	mu      sync.Mutex
-	workers map[string]supervisor.WorkerConfig
+	workers map[string]kvpipe.WorkerConfig
 	cur     *run // the pipeline running, or to run next
 	ran     bool
 
-	warnMu sync.Mutex
-	warn   pace.Limiter
+	warn *pace.Warner
 }
 
 // Stats are a relay's counters.
@@ -142,47 +150,19 @@ func New(js jetstream.JetStream, cfg Config) (*Relay, error) {
 		return nil, err
 	}
 	switch {
-	case cfg.Pipeline.Publish != nil || cfg.Pipeline.Source != nil:
-		return nil, errors.New("relay: Pipeline.Publish and Pipeline.Source must be unset: the relay sets Publish")
-	case cfg.Pipeline.Backpressure != supervisor.Block:
+	case cfg.Pipeline.Tap != nil || cfg.Pipeline.Source != nil:
+		return nil, errors.New("relay: Pipeline.Tap and Pipeline.Source must be unset: the relay sets Tap")
+	case cfg.Pipeline.Backpressure != kvpipe.Block:
 		return nil, errors.New("relay: Pipeline.Backpressure must be Block")
-	case cfg.SnapshotEvery < 0 || cfg.PublishTimeout < 0 || cfg.ShutdownTimeout < 0:
+	case cfg.SnapshotEvery < 0 || cfg.PublishTimeout < 0 || cfg.ShutdownTimeout < 0 || cfg.RetryMin < 0 || cfg.RetryMax < 0 ||
+		cfg.RepublishTimeout < 0 || cfg.ReadIdle < 0:
 		return nil, errors.New("relay: durations must not be negative")
 	case cfg.MaxInFlight < 0:
 		return nil, errors.New("relay: MaxInFlight must not be negative")
 	case js.Conn() == nil:
 		return nil, errors.New("relay: the JetStream context has no connection")
 	}
-	if cfg.MaxInFlight == 0 {
-		cfg.MaxInFlight = 128
-	}
-	if cfg.SnapshotEvery == 0 {
-		cfg.SnapshotEvery = 15 * time.Second
-	}
-	if cfg.PublishTimeout == 0 {
-		cfg.PublishTimeout = 2 * time.Second
-	}
-	if cfg.RetryMin <= 0 {
-		cfg.RetryMin = 50 * time.Millisecond
-	}
-	if cfg.RetryMax < cfg.RetryMin {
-		cfg.RetryMax = max(2*time.Second, cfg.RetryMin)
-	}
-	if cfg.ShutdownTimeout == 0 {
-		cfg.ShutdownTimeout = 10 * time.Second
-	}
-	if cfg.Lease != nil {
-		cfg.ShutdownTimeout = min(cfg.ShutdownTimeout, cfg.Lease.cfg.TTL/3)
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = cfg.Pipeline.Logger
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	if cfg.Pipeline.Logger == nil {
-		cfg.Pipeline.Logger = cfg.Logger
-	}
+	cfg.defaults()
 	window := cfg.MaxInFlight
 	if window > 1 && js.Conn().Opts.ReconnectBufSize != -1 {
 		window = 1
@@ -197,7 +177,7 @@ func New(js jetstream.JetStream, cfg Config) (*Relay, error) {
 		return nil, err
 	}
 	r := &Relay{js: js, pub: pub, window: window, cfg: cfg, log: cfg.Logger, nonce: rand.Uint64(),
-		workers: map[string]supervisor.WorkerConfig{}, warn: pace.Limiter{Every: time.Second}}
+		workers: map[string]kvpipe.WorkerConfig{}, warn: pace.NewWarner(cfg.Logger, "kvpipe/relay: ")}
 	// The first pipeline is made now so that AddWorker checks each
 	// worker's config at once, as a Pipeline's does.
 	if r.cur, err = r.newRun(); err != nil {
@@ -206,11 +186,27 @@ func New(js jetstream.JetStream, cfg Config) (*Relay, error) {
 	return r, nil
 }
 
+// defaults applies kvpipe's defaulting rule (package kvpipe's doc).
+func (cfg *Config) defaults() {
+	cfg.MaxInFlight = conf.Or(cfg.MaxInFlight, 128)
+	cfg.SnapshotEvery = conf.Or(cfg.SnapshotEvery, 15*time.Second)
+	cfg.PublishTimeout = conf.Or(cfg.PublishTimeout, 2*time.Second)
+	cfg.RetryMin, cfg.RetryMax = conf.Bounds(cfg.RetryMin, cfg.RetryMax, 50*time.Millisecond, 2*time.Second)
+	cfg.ShutdownTimeout = conf.Or(cfg.ShutdownTimeout, 10*time.Second)
+	cfg.RepublishTimeout = conf.Or(cfg.RepublishTimeout, time.Minute)
+	cfg.ReadIdle = conf.Or(cfg.ReadIdle, 5*time.Second)
+	if cfg.Lease != nil {
+		cfg.ShutdownTimeout = min(cfg.ShutdownTimeout, cfg.Lease.cfg.TTL/3)
+	}
+	cfg.Logger = conf.Or(conf.Or(cfg.Logger, cfg.Pipeline.Logger), slog.New(slog.DiscardHandler))
+	cfg.Pipeline.Logger = conf.Or(cfg.Pipeline.Logger, cfg.Logger)
+}
+
 // run is one pipeline of the relay and what its publishes share. Run makes
 // another when the stream is made again under it.
 type run struct {
 	r *Relay
-	p *supervisor.Pipeline
+	p *kvpipe.Pipeline
 	// Set by Run before the pipeline runs, read-only after.
 	stream  jetstream.Stream
 	store   *ObjectStore
@@ -236,8 +232,8 @@ func (r *Relay) newRun() (*run, error) {
 	ru := &run{r: r, pubs: map[string]*pubState{}, gone: map[string]lineage{}}
 	ru.settleCtx, ru.stopSettling = context.WithCancel(context.Background())
 	pc := r.cfg.Pipeline
-	pc.Publish, pc.Flush = ru.publish, ru.flush
-	p, err := supervisor.New(pc)
+	pc.Tap = ru
+	p, err := kvpipe.New(pc)
 	if err != nil {
 		return nil, err
 	}
@@ -247,13 +243,13 @@ func (r *Relay) newRun() (*run, error) {
 
 // AddWorker subscribes to one engine, as Pipeline.AddWorker does; the
 // relay keeps its config across its pipelines.
-func (r *Relay) AddWorker(name string, wc supervisor.WorkerConfig) error {
+func (r *Relay) AddWorker(name string, wc kvpipe.WorkerConfig) error {
 	r.switching.Lock()
 	defer r.switching.Unlock()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.cur == nil {
-		return supervisor.ErrClosed
+		return kvpipe.ErrClosed
 	}
 	if err := r.cur.p.AddWorker(name, wc); err != nil {
 		return err
@@ -272,7 +268,7 @@ func (r *Relay) RemoveWorker(ctx context.Context, name string) error {
 	r.mu.Lock()
 	if _, ok := r.workers[name]; !ok {
 		r.mu.Unlock()
-		return fmt.Errorf("%w: %q", supervisor.ErrNoWorker, name)
+		return fmt.Errorf("%w: %q", kvpipe.ErrNoWorker, name)
 	}
 	delete(r.workers, name)
 	ru := r.cur
@@ -285,7 +281,7 @@ func (r *Relay) RemoveWorker(ctx context.Context, name string) error {
 
 // Pipeline is the pipeline the relay runs now (another one after the stream
 // was made again under it): its FindMatches answers as a router's would.
-func (r *Relay) Pipeline() *supervisor.Pipeline {
+func (r *Relay) Pipeline() *kvpipe.Pipeline {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.cur == nil {
@@ -306,7 +302,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.mu.Lock()
 	if r.ran {
 		r.mu.Unlock()
-		return supervisor.ErrRunning
+		return kvpipe.ErrRunning
 	}
 	r.ran = true
 	ru := r.cur
@@ -352,10 +348,9 @@ func (r *Relay) lead(ctx context.Context, ru *run) error {
 		r.stats.streamChanges.Add(1)
 		r.log.Error("kvpipe/relay: the stream was deleted or made again under the relay: starting again from the last snapshot")
 		// What the old pipeline still sends belongs to the old stream. It
-		// stops, and takes its collectors off the registry, before the
-		// next one is made and registers its own; AddWorker and
-		// RemoveWorker wait for the switch, so that neither meets a
-		// pipeline that is stopping.
+		// stops before the next one is made; AddWorker and RemoveWorker
+		// wait for the switch, so that neither meets a pipeline that is
+		// stopping.
 		r.switching.Lock()
 		ru.stopSettling()
 		ru.finish(context.WithoutCancel(ctx))
@@ -551,8 +546,19 @@ func (ru *run) setUp(ctx context.Context) error {
 		return nil
 	}
 	r.stats.restored.Store(uint64(len(s.Workers)))
-	for i := range s.Workers {
-		w := &s.Workers[i]
+	if err := ru.placeRestored(ctx, s.Workers, sameStream); err != nil {
+		return err
+	}
+	r.log.Info("kvpipe/relay: workers start from the snapshot", "workers", len(s.Workers), "same_stream", sameStream)
+	return nil
+}
+
+// placeRestored places each restored worker's publishing where its
+// snapshot left it: its last message's sequence and lineage, and, in the
+// same stream, what the stream holds after it, which its replay makes again.
+func (ru *run) placeRestored(ctx context.Context, workers []snapshot.Worker, sameStream bool) error {
+	for i := range workers {
+		w := &workers[i]
 		ps, ok := ru.state(ctx, string(w.Name))
 		if !ok {
 			return context.Cause(ctx)
@@ -561,12 +567,12 @@ func (ru *run) setUp(ctx context.Context) error {
 		ps.last.Store(w.StreamSeq)
 		ps.lineage = ru.lineageAt(ctx, ps, w.StreamSeq)
 		if sameStream {
+			var err error
 			if ps.expect, err = ru.after(ctx, ps.subject, w.StreamSeq); err != nil {
 				return err
 			}
 		}
 	}
-	r.log.Info("kvpipe/relay: workers start from the snapshot", "workers", len(s.Workers), "same_stream", sameStream)
 	return nil
 }
 
@@ -606,7 +612,7 @@ func (ru *run) after(ctx context.Context, subject string, seq uint64) ([]stored,
 	}
 	cons, err := ru.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject},
 		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: seq + 1, HeadersOnly: true,
-		InactiveThreshold: 5 * time.Second})
+		InactiveThreshold: ru.r.cfg.ReadIdle})
 	if err != nil {
 		return nil, fmt.Errorf("relay: reading %s after %d: %w", subject, seq, err)
 	}
@@ -687,16 +693,4 @@ func (ru *run) snapshot(ctx context.Context) error {
 	r.stats.snapshots.Add(1)
 	r.stats.snapshotBytes.Store(uint64(len(data)))
 	return nil
-}
-
-func (r *Relay) warnf(msg string, args ...any) {
-	r.warnMu.Lock()
-	n, ok := r.warn.Allow(time.Now())
-	r.warnMu.Unlock()
-	if ok {
-		if n > 0 {
-			args = append(args, "suppressed", n)
-		}
-		r.log.Warn("kvpipe/relay: "+msg, args...)
-	}
 }

@@ -105,22 +105,22 @@ func (s Settings) withDefaults() (Settings, error) {
 }
 
 // Subject returns worker's subject, <Prefix>.<token> (see Token).
-func (s Settings) Subject(worker string) string { return s.Prefix + "." + Token(worker) }
+func (s Settings) Subject(worker string) string { return s.Prefix + "." + token(worker) }
 
-// Token is worker's subject token: the name itself when it matches
+// token is worker's subject token: the name itself when it matches
 // [A-Za-z0-9_-]+, else "~" and the name's bytes in unpadded URL base64,
 // so that any name (dots, spaces, wildcards, UTF-8) gets a token of those
 // characters alone and no two names share one.
-func Token(worker string) string {
+func token(worker string) string {
 	if plainRe.MatchString(worker) {
 		return worker
 	}
 	return "~" + base64.RawURLEncoding.EncodeToString([]byte(worker))
 }
 
-// WorkerOf is Token's inverse: the worker of a token, or an error for a
+// workerOf is Token's inverse: the worker of a token, or an error for a
 // token Token never makes.
-func WorkerOf(token string) (string, error) {
+func workerOf(token string) (string, error) {
 	if rest, ok := strings.CutPrefix(token, "~"); ok {
 		b, err := base64.RawURLEncoding.DecodeString(rest)
 		if err != nil || len(b) == 0 || plainRe.Match(b) {
@@ -134,13 +134,13 @@ func WorkerOf(token string) (string, error) {
 	return token, nil
 }
 
-// workerOfSubject is WorkerOf for a subject under prefix.
+// workerOfSubject is workerOf for a subject under prefix.
 func workerOfSubject(prefix, subject string) (string, error) {
 	tok, ok := strings.CutPrefix(subject, prefix+".")
 	if !ok || strings.Contains(tok, ".") {
 		return "", fmt.Errorf("relay: subject %q is not a worker's under %q", subject, prefix)
 	}
-	return WorkerOf(tok)
+	return workerOf(tok)
 }
 
 // StreamConfig is the stream Ensure creates: <Prefix>.> in file storage,

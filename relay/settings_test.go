@@ -12,26 +12,26 @@ func TestTokens(t *testing.T) {
 	names := []string{"engine-0", "A_b-9", "a.b", "a b", "*", ">", "x.>", "ünïcode", "~", "~ZW5n", "=", "a/b", "\x00"}
 	seen := map[string]string{}
 	for _, name := range names {
-		tok := Token(name)
+		tok := token(name)
 		if !plainRe.MatchString(strings.TrimPrefix(tok, "~")) {
-			t.Errorf("Token(%q) = %q: not [A-Za-z0-9_-] after the marker", name, tok)
+			t.Errorf("token(%q) = %q: not [A-Za-z0-9_-] after the marker", name, tok)
 		}
 		if prev, dup := seen[tok]; dup {
 			t.Errorf("%q and %q share token %q", prev, name, tok)
 		}
 		seen[tok] = name
-		back, err := WorkerOf(tok)
+		back, err := workerOf(tok)
 		if err != nil || back != name {
-			t.Errorf("WorkerOf(Token(%q)) = %q, %v", name, back, err)
+			t.Errorf("workerOf(token(%q)) = %q, %v", name, back, err)
 		}
 	}
-	if Token("engine-0") != "engine-0" {
+	if token("engine-0") != "engine-0" {
 		t.Error("a plain name is not its own token")
 	}
 	// Tokens Token never makes are refused, so no subject maps to two names.
 	for _, tok := range []string{"", "~", "~!!", "~ZW5naW5lLTA", "a.b", "a*"} {
-		if name, err := WorkerOf(tok); err == nil {
-			t.Errorf("WorkerOf(%q) = %q, want an error", tok, name)
+		if name, err := workerOf(tok); err == nil {
+			t.Errorf("workerOf(%q) = %q, want an error", tok, name)
 		}
 	}
 	s, _ := Settings{}.withDefaults()

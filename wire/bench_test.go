@@ -9,8 +9,8 @@ import (
 
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/internal/enginepeer"
+	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/kvpipe/kvpipe/internal/ztest"
-	"github.com/kvpipe/kvpipe/wire/wiretest"
 )
 
 // countingHandler counts batches and signals once it has seen want of
@@ -35,7 +35,11 @@ func (h *countingHandler) HandleBatch(seq uint64, payload []byte) {
 		}
 	}
 }
-func (h *countingHandler) HandleReset(ResetReason) {}
+func (h *countingHandler) HandleReset(ResetReason)         {}
+func (h *countingHandler) HandleResumed()                  {}
+func (h *countingHandler) HandleEngineSnapshotBegin()      {}
+func (h *countingHandler) HandleEngineSnapshot([]byte)     {}
+func (h *countingHandler) HandleEngineSnapshotEnd(ok bool) {}
 
 // BenchmarkLoopbackTCP: a Go wiretest.Publisher to a Go Subscriber over loopback TCP,
 // one engine step (9 events, about 2.8 KB) per batch. allocs/op counts both

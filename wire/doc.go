@@ -1,6 +1,6 @@
 // Package wire is kvpipe's transport: a ZMQ SUB per engine that checks the
 // [topic, seq, payload] frames, orders batches by seq, recovers gaps through the
-// engine's ROUTER replay socket, and reconnects. wire/wiretest holds an engine-identical
+// engine's ROUTER replay socket, and reconnects. internal/wiretest holds an engine-identical
 // Publisher for tests and simulations.
 //
 // Continuity is proven, never assumed: every replay request starts at the

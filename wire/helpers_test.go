@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/kvpipe/kvpipe/internal/ztest"
-	"github.com/kvpipe/kvpipe/wire/wiretest"
 )
 
 func TestMain(m *testing.M) { ztest.VerifyNoLeaks(m) }
@@ -185,3 +185,8 @@ func rawSync(t *testing.T, rec *recorder, send func()) {
 		rec.next(t)
 	}
 }
+
+// The engine snapshot's calls: no wire test gives a SnapshotEndpoint.
+func (r *recorder) HandleEngineSnapshotBegin()        {}
+func (r *recorder) HandleEngineSnapshot(chunk []byte) {}
+func (r *recorder) HandleEngineSnapshotEnd(ok bool)   {}

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/kvpipe/kvpipe/internal/ztest"
-	"github.com/kvpipe/kvpipe/wire/wiretest"
 )
 
 // zmtpPUB is a valid ZMTP 3.0 NULL greeting and a READY for a PUB socket.

@@ -7,7 +7,7 @@ import (
 
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/internal/enginepeer"
-	"github.com/kvpipe/kvpipe/wire/wiretest"
+	"github.com/kvpipe/kvpipe/internal/wiretest"
 )
 
 // realBatches reads handler calls until it has n batches with events,

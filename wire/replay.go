@@ -1,7 +1,7 @@
 package wire
 
 // replayState is the logic of one replay, without sockets: what each reply,
-// end marker or timeout means for the worker's SeqTracker. The Subscriber
+// end marker or timeout means for the worker's seqTracker. The Subscriber
 // sends the requests it asks for and carries out its verdicts.
 //
 // Every request starts at the last seq applied, and its first reply must be
@@ -10,7 +10,7 @@ package wire
 // seq after it and an end marker. Each request after the first of a replay
 // goes out on a new connection, so no reply to an earlier one can follow it.
 type replayState struct {
-	t    *SeqTracker
+	t    *seqTracker
 	upto uint64 // the live seq that showed the gap, or probe
 	// lossy: batches missing at the start of the engine's buffer count as
 	// lost: there is a history they belong to.
@@ -57,7 +57,7 @@ const probe = 1<<64 - 1
 // begin starts a replay for the tracker's stream; lossy is false only
 // where no history exists (a first connect: a router that starts late lost
 // nothing).
-func (r *replayState) begin(t *SeqTracker, upto uint64, continuous bool) {
+func (r *replayState) begin(t *seqTracker, upto uint64, continuous bool) {
 	*r = replayState{t: t, upto: upto, lossy: t.started, continuous: continuous, floor: t.next()}
 }
 

@@ -90,7 +90,7 @@ func TestReplayState(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			var tr SeqTracker
+			var tr seqTracker
 			if tc.history {
 				tr.Apply(9, []byte("batch 9"))
 				tr.Apply(10, []byte(p10))
@@ -133,7 +133,7 @@ func TestReplayState(t *testing.T) {
 // After a replay, live batches it already delivered are duplicates, not a
 // restart: the floor is where the replay began.
 func TestReplayStateSetsTheDuplicateFloor(t *testing.T) {
-	var tr SeqTracker
+	var tr seqTracker
 	tr.Apply(10, []byte("p"))
 	var r replayState
 	r.begin(&tr, probe, true)
@@ -145,11 +145,11 @@ func TestReplayStateSetsTheDuplicateFloor(t *testing.T) {
 		}
 	}
 	for _, seq := range []uint64{11, 20} {
-		if got := tr.Classify(seq); got != Duplicate {
+		if got := tr.Classify(seq); got != seqDuplicate {
 			t.Errorf("live %d after the replay: %v, want duplicate", seq, got)
 		}
 	}
-	if got := tr.Classify(21); got != InOrder {
+	if got := tr.Classify(21); got != seqInOrder {
 		t.Errorf("live 21: %v, want in order", got)
 	}
 }
@@ -188,7 +188,7 @@ func TestParseReply(t *testing.T) {
 // the next replay takes the engine's copy of it on trust, and proves with
 // it from then on.
 func TestReplayStateAfterAnAnchor(t *testing.T) {
-	var tr SeqTracker
+	var tr seqTracker
 	tr.anchor(40, 40)
 	var r replayState
 	r.begin(&tr, 42, true)
@@ -216,7 +216,7 @@ func TestReplayStateAfterAnAnchor(t *testing.T) {
 // What a failed replay loses: only the part of the known gap it did not
 // fill, and nothing once the answer comes from a new incarnation.
 func TestReplayStateUnfilled(t *testing.T) {
-	var tr SeqTracker
+	var tr seqTracker
 	tr.Apply(10, []byte("p"))
 	var r replayState
 	r.begin(&tr, 13, true)

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvpipe/kvpipe/wire/wiretest"
+	"github.com/kvpipe/kvpipe/internal/wiretest"
 )
 
 // A subscriber resumed from a snapshot's seq and fingerprint proves

@@ -2,25 +2,25 @@ package wire
 
 import "github.com/zeebo/xxh3"
 
-// Outcome is what one sequence number means against the last one applied.
-type Outcome uint8
+// seqOutcome is what one sequence number means against the last one applied.
+type seqOutcome uint8
 
 const (
-	First     Outcome = iota // no history yet: the stream starts here
-	InOrder                  // last+1
-	Duplicate                // already applied: drop
-	Gap                      // seq > last+1: batches were lost
-	Restart                  // seq went backwards: the publisher restarted, or the seq is garbage
+	seqFirst     seqOutcome = iota // no history yet: the stream starts here
+	seqInOrder                     // last+1
+	seqDuplicate                   // already applied: drop
+	seqGap                         // seq > last+1: batches were lost
+	seqRestart                     // seq went backwards: the publisher restarted, or the seq is garbage
 )
 
-func (o Outcome) String() string {
+func (o seqOutcome) String() string {
 	return [...]string{"first", "in_order", "duplicate", "gap", "restart"}[o]
 }
 
-// SeqTracker classifies the sequence numbers of one worker's stream and keeps
+// seqTracker classifies the sequence numbers of one worker's stream and keeps
 // the fingerprint of the last batch applied, by which a replay proves that the
 // publisher is still the same incarnation. It is owned by that worker's goroutine.
-type SeqTracker struct {
+type seqTracker struct {
 	last    uint64
 	fp      uint64 // xxh3 of the last applied payload
 	fpKnown bool   // false after anchor: the stream is placed at a seq whose batch it never saw
@@ -37,34 +37,34 @@ type SeqTracker struct {
 func Fingerprint(payload []byte) uint64 { return xxh3.Hash(payload) }
 
 // Classify reports what seq means without applying it.
-func (t *SeqTracker) Classify(seq uint64) Outcome {
+func (t *seqTracker) Classify(seq uint64) seqOutcome {
 	switch {
 	case !t.started:
-		return First
+		return seqFirst
 	case seq == t.last+1:
-		return InOrder
+		return seqInOrder
 	case seq > t.last:
-		return Gap
+		return seqGap
 	case seq >= t.dupFloor:
-		return Duplicate
+		return seqDuplicate
 	}
-	return Restart
+	return seqRestart
 }
 
 // Apply records the batch seq, received live, as the last applied.
-func (t *SeqTracker) Apply(seq uint64, payload []byte) {
+func (t *seqTracker) Apply(seq uint64, payload []byte) {
 	t.last, t.fp, t.fpKnown, t.dupFloor, t.started = seq, Fingerprint(payload), true, seq, true
 }
 
 // anchor places the stream at seq without its batch, as after a snapshot
 // taken at that seq; live batches from floor on are duplicates. Until the
 // batch itself is seen (learn), the next replay takes the engine's copy on trust.
-func (t *SeqTracker) anchor(seq, floor uint64) {
-	*t = SeqTracker{last: seq, dupFloor: min(floor, seq), started: true}
+func (t *seqTracker) anchor(seq, floor uint64) {
+	*t = seqTracker{last: seq, dupFloor: min(floor, seq), started: true}
 }
 
 // learn takes payload as the batch at the last seq, when it was not seen.
-func (t *SeqTracker) learn(payload []byte) {
+func (t *seqTracker) learn(payload []byte) {
 	if !t.fpKnown {
 		t.fp, t.fpKnown = Fingerprint(payload), true
 	}
@@ -72,13 +72,13 @@ func (t *SeqTracker) learn(payload []byte) {
 
 // proves reports whether payload, the engine's batch at the last seq, is the
 // one applied.
-func (t *SeqTracker) proves(payload []byte) bool {
+func (t *seqTracker) proves(payload []byte) bool {
 	return !t.fpKnown || Fingerprint(payload) == t.fp
 }
 
 // applyReplayed records the batch seq, received through a replay that may
 // make live batches from floor on arrive again.
-func (t *SeqTracker) applyReplayed(seq uint64, payload []byte, floor uint64) {
+func (t *seqTracker) applyReplayed(seq uint64, payload []byte, floor uint64) {
 	if !t.started || floor < t.dupFloor {
 		t.dupFloor = floor
 	}
@@ -86,10 +86,10 @@ func (t *SeqTracker) applyReplayed(seq uint64, payload []byte, floor uint64) {
 }
 
 // Last returns the last applied seq and whether there is one.
-func (t *SeqTracker) Last() (uint64, bool) { return t.last, t.started }
+func (t *seqTracker) Last() (uint64, bool) { return t.last, t.started }
 
 // next is the seq that continues the stream: last+1, or 0 without history.
-func (t *SeqTracker) next() uint64 {
+func (t *seqTracker) next() uint64 {
 	if !t.started {
 		return 0
 	}
@@ -97,4 +97,4 @@ func (t *SeqTracker) next() uint64 {
 }
 
 // Reset forgets the history: the next seq starts a new stream.
-func (t *SeqTracker) Reset() { *t = SeqTracker{} }
+func (t *seqTracker) Reset() { *t = seqTracker{} }

@@ -10,123 +10,143 @@ import (
 	"github.com/kvpipe/kvpipe/internal/zsock"
 )
 
-// SnapshotHandler is a Handler that can rebuild its worker from an engine's
-// snapshot (SGLang's snapshot-v1; vLLM and older SGLang have none). After a
-// reset within one incarnation the Subscriber asks for one: HandleSnapshotBegin
-// (drop the worker's entries, keep what is known of its blocks), then each
-// chunk's payload in order (a msgpack list of [parent_hash, [block_hashes]]
-// records), then HandleSnapshotEnd. With ok the worker is the engine's state
-// as of the snapshot's barrier, and the batches that follow come after it;
-// without, the snapshot broke off: its entries must be dropped again, which
-// leaves the worker cleared, as right after the reset.
-type SnapshotHandler interface {
-	Handler
-	HandleSnapshotBegin()
-	HandleSnapshot(chunk []byte)
-	HandleSnapshotEnd(ok bool)
-}
-
 var snapshotRequest = []byte("snapshot-v1")
 
-// snapshot fetches the engine's snapshot into h, holding live batches
-// meanwhile, and positions the stream at the snapshot's barrier. A failed
-// snapshot is counted; the worker stays partial, cleared if the failure came
-// after the header. It returns false only when ctx ended.
-func (s *Subscriber) snapshot(ctx context.Context, sub *zsock.Receiver, h SnapshotHandler) bool {
-	sock, err := dial(ctx, zmq4.Dealer, s.cfg.SnapshotEndpoint, s.guard())
-	if err != nil {
-		if ctx.Err() != nil {
-			return false
+// snapshotTalk is the logic of one engine snapshot conversation (SGLang's
+// snapshot-v1), without sockets: what each [kind, payload] reply means. A
+// header, the chunks it announces, then an end; an error reply, anything
+// out of order, or a count that does not match breaks it off.
+type snapshotTalk struct {
+	epoch   []byte // the live stream's publisher incarnation; nil when unknown
+	header  codec.SnapshotHeader
+	begun   bool // the header was taken: the handler is rebuilding
+	records int
+}
+
+// snapshotStep is what one reply asks of the Subscriber.
+type snapshotStep uint8
+
+const (
+	snapBegin snapshotStep = iota // the header: HandleEngineSnapshotBegin
+	snapChunk                     // a chunk: HandleEngineSnapshot(payload)
+	snapEnd                       // complete: HandleEngineSnapshotEnd(true), then resume after the barrier
+	snapFail                      // broken off: the error says why
+)
+
+func (t *snapshotTalk) reply(kind string, payload []byte) (snapshotStep, error) {
+	switch {
+	case kind == "header" && !t.begun:
+		header, err := codec.DecodeSnapshotHeader(payload)
+		switch {
+		case err != nil:
+			return snapFail, err
+		case len(t.epoch) > 0 && header.Epoch != string(t.epoch):
+			return snapFail, errors.New("the snapshot is of another publisher incarnation")
+		case header.BarrierSeq >= implausibleSeq:
+			return snapFail, errors.New("implausible barrier seq")
 		}
-		s.snapshotFailed(h, false, "dial", err)
-		return true
-	}
-	r := zsock.Start(sock, 64)
-	defer r.Close()
-	if err := sock.Send(zmq4.NewMsgFrom(nil, snapshotRequest)); err != nil {
-		if ctx.Err() != nil {
-			return false
+		t.header, t.begun = header, true
+		return snapBegin, nil
+	case kind == "chunk" && t.begun:
+		// The header's count bounds the chunks: a peer cannot stream
+		// records forever, and one dropped on the way is noticed.
+		n, err := codec.SnapshotRecords(payload)
+		if t.records += n; err != nil || t.records > t.header.RecordCount {
+			return snapFail, errors.New("more records than the header announced, or a corrupt chunk")
 		}
-		s.snapshotFailed(h, false, "send", err)
-		return true
+		return snapChunk, nil
+	case kind == "end" && t.begun && t.records != t.header.RecordCount:
+		return snapFail, errors.New("fewer records than the header announced: a chunk was lost")
+	case kind == "end" && t.begun:
+		return snapEnd, nil
+	case kind == "error":
+		return snapFail, errors.New(string(payload))
 	}
+	return snapFail, errors.New("unexpected " + kind + " reply")
+}
+
+// snapshotCall is one engine snapshot on its own socket: snapshotTalk
+// decides what each reply means, snapshotCall carries it out.
+type snapshotCall struct {
+	s    *Subscriber
+	h    Handler
+	talk snapshotTalk
+}
+
+// takeSnapshot fetches the engine's snapshot into h, holding live
+// batches meanwhile, and positions the stream at the snapshot's barrier. A
+// failed snapshot is counted; the worker stays partial, cleared if the
+// failure came after the header. It returns false only when ctx ended.
+func (s *Subscriber) takeSnapshot(ctx context.Context, sub *zsock.Receiver, h Handler) bool {
+	s.needSnapshot = false
+	c := &snapshotCall{s: s, h: h, talk: snapshotTalk{epoch: s.epoch}}
+	sock, err := dial(ctx, zmq4.Dealer, s.cfg.SnapshotEndpoint, s.cfg.guard(&s.stats))
+	if err == nil {
+		r := zsock.Start(sock, 64)
+		defer r.Close()
+		if err = sock.Send(zmq4.NewMsgFrom(nil, snapshotRequest)); err == nil {
+			return c.replies(ctx, sub, r)
+		}
+	}
+	if ctx.Err() != nil {
+		return false
+	}
+	c.failed("request", err)
+	return true
+}
+
+// replies takes the snapshot's replies from r until it ends.
+func (c *snapshotCall) replies(ctx context.Context, sub, r *zsock.Receiver) bool {
+	s, h, t := c.s, c.h, &c.talk
 	timer := time.NewTimer(s.cfg.ReplayTimeout)
 	defer timer.Stop()
 	var live <-chan zmq4.Msg = sub.Msgs
-	var header codec.SnapshotHeader
-	begun, records := false, 0
 	for {
+		var m zmq4.Msg
+		var ok bool
 		select {
 		case <-ctx.Done():
-			if begun {
-				h.HandleSnapshotEnd(false)
-			}
-			return false
 		case <-timer.C:
-			s.snapshotFailed(h, begun, "wait", errors.New("timed out"))
+			c.failed("wait", errors.New("timed out"))
 			return true
 		case m, ok := <-live:
 			if !ok {
 				live = nil
 			} else {
-				s.hold(m)
+				s.live.hold(m)
 			}
-		case m, ok := <-r.Msgs:
-			if !ok {
-				if ctx.Err() != nil {
-					if begun {
-						h.HandleSnapshotEnd(false)
-					}
-					return false
+			continue
+		case m, ok = <-r.Msgs:
+		}
+		if !ok { // ctx ended, or the socket failed
+			if ctx.Err() != nil {
+				if t.begun {
+					h.HandleEngineSnapshotEnd(false)
 				}
-				s.snapshotFailed(h, begun, "receive", r.Err())
-				return true
+				return false
 			}
-			// [empty, kind, payload]
-			if len(m.Frames) != 3 || len(m.Frames[0]) != 0 {
-				s.stats.Malformed.Add(1)
-				continue // not progress: the timer keeps running
-			}
-			timer.Reset(s.cfg.ReplayTimeout)
-			switch kind, payload := string(m.Frames[1]), m.Frames[2]; {
-			case kind == "header" && !begun:
-				if header, err = codec.DecodeSnapshotHeader(payload); err != nil {
-					s.snapshotFailed(h, false, "header", err)
-					return true
-				}
-				if len(s.epoch) > 0 && header.Epoch != string(s.epoch) {
-					s.snapshotFailed(h, false, "header", errors.New("the snapshot is of another publisher incarnation"))
-					return true
-				}
-				if header.BarrierSeq >= implausibleSeq {
-					s.snapshotFailed(h, false, "header", errors.New("implausible barrier seq"))
-					return true
-				}
-				begun = true
-				h.HandleSnapshotBegin()
-			case kind == "chunk" && begun:
-				// The header's count bounds the chunks: a peer cannot stream
-				// records forever, and one dropped on the way is noticed.
-				n, err := codec.SnapshotRecords(payload)
-				if records += n; err != nil || records > header.RecordCount {
-					s.snapshotFailed(h, true, "chunk", errors.New("more records than the header announced, or a corrupt chunk"))
-					return true
-				}
-				h.HandleSnapshot(payload)
-			case kind == "end" && begun && records != header.RecordCount:
-				s.snapshotFailed(h, true, "end", errors.New("fewer records than the header announced: a chunk was lost"))
-				return true
-			case kind == "end" && begun:
-				h.HandleSnapshotEnd(true)
-				s.stats.Snapshots.Add(1)
-				return s.resumeAfter(header.BarrierSeq)
-			case kind == "error":
-				s.snapshotFailed(h, begun, "engine", errors.New(string(payload)))
-				return true
-			default:
-				s.snapshotFailed(h, begun, "reply", errors.New("unexpected "+kind+" reply"))
-				return true
-			}
+			c.failed("receive", r.Err())
+			return true
+		}
+		if len(m.Frames) != 3 || len(m.Frames[0]) != 0 { // [empty, kind, payload]
+			s.stats.Malformed.Add(1)
+			continue // not progress: the timer keeps running
+		}
+		timer.Reset(s.cfg.ReplayTimeout)
+		kind, payload := string(m.Frames[1]), m.Frames[2]
+		switch st, err := t.reply(kind, payload); st {
+		case snapBegin:
+			h.HandleEngineSnapshotBegin()
+		case snapChunk:
+			h.HandleEngineSnapshot(payload)
+		case snapEnd:
+			h.HandleEngineSnapshotEnd(true)
+			s.stats.Snapshots.Add(1)
+			s.live.resumeAfter(&s.seq, t.header.BarrierSeq)
+			return true
+		case snapFail:
+			c.failed(kind, err)
+			return true
 		}
 	}
 }
@@ -134,31 +154,30 @@ func (s *Subscriber) snapshot(ctx context.Context, sub *zsock.Receiver, h Snapsh
 // resumeAfter positions the stream after the barrier whose state the worker
 // now holds: held live batches up to it are dropped, and the next ones
 // continue from it (a gap to them is replayed as any other).
-func (s *Subscriber) resumeAfter(barrier uint64) bool {
+func (q *liveQueue) resumeAfter(seq *seqTracker, barrier uint64) {
 	// Live batches older than the barrier may still be on their way: from
 	// where the stream stood, they are duplicates, not a restart.
 	floor := uint64(0)
-	if _, ok := s.seq.Last(); ok {
-		floor = s.seq.dupFloor
+	if _, ok := seq.Last(); ok {
+		floor = seq.dupFloor
 	}
-	s.seq.anchor(barrier, floor)
-	kept := s.queue[:0]
-	for _, f := range s.queue {
+	seq.anchor(barrier, floor)
+	kept := q.frames[:0]
+	for _, f := range q.frames {
 		if f.seq == barrier {
-			s.seq.Apply(f.seq, f.payload)
+			seq.Apply(f.seq, f.payload)
 		} else if f.seq > barrier {
 			kept = append(kept, f)
 		}
 	}
-	clear(s.queue[len(kept):])
-	s.queue = kept
-	return true
+	clear(q.frames[len(kept):])
+	q.frames = kept
 }
 
-func (s *Subscriber) snapshotFailed(h SnapshotHandler, begun bool, step string, err error) {
-	if begun {
-		h.HandleSnapshotEnd(false)
+func (c *snapshotCall) failed(step string, err error) {
+	if c.talk.begun {
+		c.h.HandleEngineSnapshotEnd(false)
 	}
-	s.stats.SnapshotFailures.Add(1)
-	s.logf("snapshot failed", "endpoint", s.cfg.SnapshotEndpoint, "step", step, "err", err)
+	c.s.stats.SnapshotFailures.Add(1)
+	c.s.warn.Warn("snapshot failed", "endpoint", c.s.cfg.SnapshotEndpoint, "step", step, "err", err)
 }

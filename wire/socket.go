@@ -13,9 +13,9 @@ import (
 	"github.com/kvpipe/kvpipe/internal/zmtp"
 )
 
-// ValidateEndpoint checks that ep is a ZMQ endpoint kvpipe can dial:
+// validateEndpoint checks that ep is a ZMQ endpoint kvpipe can dial:
 // tcp://host:port or ipc://path.
-func ValidateEndpoint(ep string) error {
+func validateEndpoint(ep string) error {
 	u, err := url.Parse(ep)
 	if err != nil {
 		return fmt.Errorf("endpoint %q: %w", ep, err)

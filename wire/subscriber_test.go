@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
-	"github.com/kvpipe/kvpipe/wire/wiretest"
+	"github.com/kvpipe/kvpipe/internal/wiretest"
 )
 
 func TestInOrderOverTCPAndIPC(t *testing.T) {

@@ -13,9 +13,10 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/codec"
-	"github.com/kvpipe/kvpipe/supervisor"
+	"github.com/kvpipe/kvpipe/metrics"
 )
 
 // endpoints collects repeated flag values, each "URL" or "name=URL".
@@ -34,7 +35,7 @@ func splitNamed(v string, i int) (name, url string) {
 // namedWorker is one --endpoint, with its name and the --replay of that name.
 type namedWorker struct {
 	name string
-	wc   supervisor.WorkerConfig
+	wc   kvpipe.WorkerConfig
 }
 
 // workerConfigs pairs each --endpoint with the --replay of the same name.
@@ -47,7 +48,7 @@ func workerConfigs(eps, replays []string, topic string) []namedWorker {
 	out := make([]namedWorker, 0, len(eps))
 	for i, e := range eps {
 		name, url := splitNamed(e, i)
-		out = append(out, namedWorker{name, supervisor.WorkerConfig{Endpoint: url, ReplayEndpoint: replayOf[name], Topic: topic}})
+		out = append(out, namedWorker{name, kvpipe.WorkerConfig{Endpoint: url, ReplayEndpoint: replayOf[name], Topic: topic}})
 	}
 	return out
 }
@@ -66,6 +67,7 @@ func listenCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	jsonOut := fs.Bool("json", false, "print the summary (and events) as JSON")
 	events := fs.Bool("events", false, "with --json, print every event as kvpipe decode does")
 	verbose := fs.Bool("v", false, "log warnings to stderr")
+	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on this address at /metrics, e.g. :9090 (empty: none)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -81,10 +83,18 @@ func listenCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	defer cancel()
 	obs := &observer{out: bufio.NewWriter(stdout), stderr: stderr, printEvents: *events && *jsonOut,
 		exitAfter: *exitAfter, stop: cancel, decoders: map[string]*codec.Decoder{}, seen: map[string]bool{}}
-	p, err := supervisor.New(supervisor.Config{BlockSize: *blockSize, Shards: *shards, Logger: logger, Observe: obs.batch})
+	p, err := kvpipe.New(kvpipe.Config{BlockSize: *blockSize, Shards: *shards, Logger: logger, Observe: obs.batch})
 	if err != nil {
 		fmt.Fprintln(stderr, "kvpipe listen:", err)
 		return 2
+	}
+	if *metricsAddr != "" {
+		stopMetrics, err := serveMetrics(*metricsAddr, metrics.NewCollector(p.Stats))
+		if err != nil {
+			fmt.Fprintln(stderr, "kvpipe listen:", err)
+			return 1
+		}
+		defer stopMetrics()
 	}
 	for _, w := range workerConfigs(eps, replays, *topic) {
 		obs.decoders[w.name] = codec.NewDecoder()
@@ -149,7 +159,7 @@ type field struct {
 	value uint64
 }
 
-func summarise(t supervisor.WorkerStats) summary {
+func summarise(t kvpipe.WorkerStats) summary {
 	w, a := t.Wire, t.Actor
 	filtered := map[string]uint64{}
 	for r := range actor.NumReasons {

@@ -13,8 +13,8 @@ import (
 	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/internal/enginepeer"
+	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/kvpipe/kvpipe/internal/ztest"
-	"github.com/kvpipe/kvpipe/wire/wiretest"
 )
 
 var freeTCP = ztest.FreeTCP

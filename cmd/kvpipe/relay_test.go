@@ -9,8 +9,8 @@ import (
 
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/internal/natstest"
+	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/kvpipe/kvpipe/relay"
-	"github.com/kvpipe/kvpipe/wire/wiretest"
 	"github.com/nats-io/nats.go/jetstream"
 )
 

@@ -32,10 +32,10 @@ import (
 	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/codec"
-	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/sim"
+	"github.com/kvpipe/kvpipe/internal/wiretest"
+	"github.com/kvpipe/kvpipe/metrics"
 	"github.com/kvpipe/kvpipe/snapshot"
-	"github.com/kvpipe/kvpipe/wire/wiretest"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -307,10 +307,15 @@ type router struct {
 // startRouter runs a Pipeline on the engines, restored from snap when it
 // is not nil, and waits until it is connected to each of them.
 func startRouter(ctx context.Context, o options, engines []*engine, reg prometheus.Registerer, snap *snapshot.Snapshot, stderr io.Writer) (*router, error) {
-	p, err := kvpipe.New(kvpipe.Config{BlockSize: o.blockSize, Shards: o.shards, Registry: reg,
+	p, err := kvpipe.New(kvpipe.Config{BlockSize: o.blockSize, Shards: o.shards,
 		Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		return nil, err
+	}
+	if reg != nil {
+		if err := reg.Register(metrics.NewCollector(p.Stats)); err != nil {
+			return nil, err
+		}
 	}
 	if snap != nil {
 		if err := p.Restore(snap); err != nil {
@@ -466,7 +471,7 @@ func waitDue(ctx context.Context, o options, start time.Time, r *sim.Request) bo
 // picker chooses a request's worker; it keeps its scratch between requests.
 type picker struct {
 	o                                  options
-	h                                  index.Hasher
+	h                                  kvpipe.Hasher
 	byName                             map[string]int
 	keys, eagleKeys, plain, eaglePlain []uint64
 	score                              []float64

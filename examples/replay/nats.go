@@ -10,10 +10,8 @@ import (
 	"time"
 
 	"github.com/kvpipe/kvpipe"
-	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/sim"
 	"github.com/kvpipe/kvpipe/relay"
-	"github.com/kvpipe/kvpipe/supervisor"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -25,6 +23,19 @@ type replica struct {
 	f *relay.Follower
 }
 
+// natsRun is one --nats run: its server, its connections, the two relays
+// on one lease and the routers following the stream.
+type natsRun struct {
+	o          options
+	logger     *slog.Logger
+	srv        *server.Server
+	conns      []*nats.Conn
+	engines    []*engine
+	relays     [2]*relay.Relay
+	stopRelays [2]func()
+	replicas   []*replica
+}
+
 // runNATS replays the trace through a relay into an in-process JetStream
 // server, with two router replicas following the stream; the first routes.
 // A second relay stands by on the same lease and takes over at
@@ -33,184 +44,232 @@ type replica struct {
 // one from the relay's snapshot and one from the stream alone, must catch up
 // to it.
 func runNATS(ctx context.Context, o options, reqs []sim.Request, source string, stdout, stderr io.Writer) error {
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	n := &natsRun{o: o, logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
 	dir, err := os.MkdirTemp("", "kvpipe-nats")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
+	n.srv, err = server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
 	if err != nil {
 		return err
 	}
-	srv.Start()
-	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
-	if !srv.ReadyForConnections(10 * time.Second) {
+	n.srv.Start()
+	defer func() { n.srv.Shutdown(); n.srv.WaitForShutdown() }()
+	if !n.srv.ReadyForConnections(10 * time.Second) {
 		return errors.New("nats-server not ready within 10s")
 	}
-	var conns []*nats.Conn
-	defer func() {
-		for _, nc := range conns {
-			nc.Close()
-		}
-	}()
-	connect := func() (jetstream.JetStream, error) { // one connection per process, as in production
-		nc, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.ReconnectBufSize(-1))
-		if err != nil {
-			return nil, err
-		}
-		conns = append(conns, nc)
-		return jetstream.New(nc)
+	defer n.close()
+	if n.engines, err = startEngines(o, len(reqs)); err != nil {
+		return err
 	}
-
-	engines, err := startEngines(o, len(reqs))
+	js, err := n.startRelays(ctx)
 	if err != nil {
 		return err
 	}
-	defer stopEngines(engines)
-	// Two relays for the engines, one lease: the first writes, the second
-	// waits as its standby and takes over when the first stops.
-	var relays [2]*relay.Relay
-	var stopRelays [2]func()
-	defer func() {
-		for _, stop := range stopRelays {
-			if stop != nil {
-				stop()
-			}
-		}
-	}()
-	var js jetstream.JetStream
-	for i := range relays {
-		rjs, err := connect()
-		if err != nil {
+	for range 2 {
+		if _, err := n.follow(relay.Settings{}); err != nil {
 			return err
+		}
+	}
+	if err := waitConnected(ctx, n.relays[0].Pipeline(), len(n.engines)); err != nil {
+		return err
+	}
+	res, err := n.replay(ctx, reqs, stderr)
+	if err != nil {
+		return err
+	}
+	if res.info, err = n.drained(ctx, js); err != nil {
+		return err
+	}
+	if err := n.compare(ctx, reqs, &res); err != nil {
+		return err
+	}
+	n.report(stdout, source, &res)
+	if !res.agree || !res.joins[0].agree || !res.joins[1].agree {
+		return errors.New("the routers' indexes differ")
+	}
+	return nil
+}
+
+// natsResult is what a --nats run measured.
+type natsResult struct {
+	start    time.Time
+	wall     time.Duration
+	routed   int
+	fo       failover
+	rl       *relay.Relay // the relay leading at the end
+	info     *jetstream.StreamInfo
+	lags     []time.Duration
+	agree    bool
+	compared int
+	joins    [2]join
+}
+
+// connect opens one connection, as each process of a deployment would.
+func (n *natsRun) connect() (jetstream.JetStream, error) {
+	nc, err := nats.Connect(n.srv.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.ReconnectBufSize(-1))
+	if err != nil {
+		return nil, err
+	}
+	n.conns = append(n.conns, nc)
+	return jetstream.New(nc)
+}
+
+// close stops the routers and relays still running, then the engines, and
+// closes the connections.
+func (n *natsRun) close() {
+	for _, rp := range n.replicas {
+		rp.r.stop()
+	}
+	for _, stop := range n.stopRelays {
+		if stop != nil {
+			stop()
+		}
+	}
+	if n.engines != nil {
+		stopEngines(n.engines)
+	}
+	for _, nc := range n.conns {
+		nc.Close()
+	}
+}
+
+// startRelays starts two relays for the engines on one lease: the first
+// writes, the second waits as its standby and takes over when the first
+// stops. It returns the first one's JetStream.
+func (n *natsRun) startRelays(ctx context.Context) (jetstream.JetStream, error) {
+	var js jetstream.JetStream
+	for i := range n.relays {
+		rjs, err := n.connect()
+		if err != nil {
+			return nil, err
 		}
 		if i == 0 {
 			js = rjs
 		}
-		lease, err := relay.NewLease(rjs, relay.LeaseConfig{Key: "replay", Logger: logger})
+		lease, err := relay.NewLease(rjs, relay.LeaseConfig{Key: "replay", Logger: n.logger})
 		if err != nil {
-			return err
+			return nil, err
 		}
-		rl, err := relay.New(rjs, relay.Config{Pipeline: supervisor.Config{BlockSize: o.blockSize, Shards: o.shards, Logger: logger},
+		rl, err := relay.New(rjs, relay.Config{Pipeline: kvpipe.Config{BlockSize: n.o.blockSize, Shards: n.o.shards, Logger: n.logger},
 			SnapshotEvery: 2 * time.Second, Lease: lease})
 		if err != nil {
-			return err
+			return nil, err
 		}
-		for _, e := range engines {
+		for _, e := range n.engines {
 			if err := rl.AddWorker(e.name, kvpipe.WorkerConfig{Endpoint: "tcp://" + e.pub.Addr(), ReplayEndpoint: "tcp://" + e.pub.ReplayAddr()}); err != nil {
-				return err
+				return nil, err
 			}
 		}
 		relayCtx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- rl.Run(relayCtx) }()
-		stopRelays[i] = func() { cancel(); <-done }
-		relays[i] = rl
+		n.stopRelays[i] = func() { cancel(); <-done }
+		n.relays[i] = rl
 		if i == 0 { // the first leads
 			if err := waitLeading(ctx, rl); err != nil {
-				return err
+				return nil, err
 			}
 		}
 	}
-	rl := relays[0]
+	return js, nil
+}
 
-	follow := func(settings relay.Settings) (*replica, error) {
-		js, err := connect()
-		if err != nil {
-			return nil, err
-		}
-		f, err := relay.NewFollower(js, relay.FollowerConfig{Settings: settings, Logger: logger})
-		if err != nil {
-			return nil, err
-		}
-		p, err := kvpipe.New(kvpipe.Config{BlockSize: o.blockSize, Shards: o.shards, Source: f, Logger: logger})
-		if err != nil {
-			return nil, err
-		}
-		r := &router{p: p, runDone: make(chan error, 1)}
-		go func() { r.runDone <- p.Run(context.Background()) }()
-		return &replica{r: r, f: f}, nil
+// follow starts a router fed by the stream, as settings name it.
+func (n *natsRun) follow(settings relay.Settings) (*replica, error) {
+	js, err := n.connect()
+	if err != nil {
+		return nil, err
 	}
-	var replicas []*replica
-	defer func() {
-		for _, rp := range replicas {
-			rp.r.stop()
-		}
-	}()
-	for range 2 {
-		rp, err := follow(relay.Settings{})
-		if err != nil {
-			return err
-		}
-		replicas = append(replicas, rp)
+	f, err := relay.NewFollower(js, relay.FollowerConfig{Settings: settings, Logger: n.logger})
+	if err != nil {
+		return nil, err
 	}
-	if err := waitConnected(ctx, rl.Pipeline(), len(engines)); err != nil {
-		return err
+	p, err := kvpipe.New(kvpipe.Config{BlockSize: n.o.blockSize, Shards: n.o.shards, Source: f, Logger: n.logger})
+	if err != nil {
+		return nil, err
 	}
+	r := &router{p: p, runDone: make(chan error, 1)}
+	go func() { r.runDone <- p.Run(context.Background()) }()
+	rp := &replica{r: r, f: f}
+	n.replicas = append(n.replicas, rp)
+	return rp, nil
+}
 
-	start := time.Now()
+// replay routes the trace through the first replica; at o.failoverAt the
+// leading relay stops (its last snapshot written, its lease given up) and
+// the standby takes over from that snapshot and the engines' replay
+// buffers, while the engines go on.
+func (n *natsRun) replay(ctx context.Context, reqs []sim.Request, stderr io.Writer) (natsResult, error) {
+	res := natsResult{start: time.Now(), rl: n.relays[0]}
 	at := len(reqs)
-	if o.failoverAt > 0 {
-		at = int(float64(len(reqs)) * o.failoverAt)
+	if n.o.failoverAt > 0 {
+		at = int(float64(len(reqs)) * n.o.failoverAt)
 	}
-	routed := route(ctx, o, reqs[:at], 0, replicas[0].r.p, engines, stderr, start)
-	var fo failover
-	if at < len(reqs) && routed == at {
-		// The leader stops (its last snapshot written, its lease given
-		// up); the standby takes over from that snapshot and the engines'
-		// replay buffers, while the engines go on.
+	p := n.replicas[0].r.p
+	res.routed = route(ctx, n.o, reqs[:at], 0, p, n.engines, stderr, res.start)
+	if at < len(reqs) && res.routed == at {
 		t0 := time.Now()
-		stopRelays[0]()
-		stopRelays[0] = nil
-		if err := waitLeading(ctx, relays[1]); err != nil {
-			return err
+		n.stopRelays[0]()
+		n.stopRelays[0] = nil
+		if err := waitLeading(ctx, n.relays[1]); err != nil {
+			return res, err
 		}
-		fo = failover{at: at, took: time.Since(t0)}
-		rl = relays[1]
-		routed += route(ctx, o, reqs, at, replicas[0].r.p, engines, stderr, start) - at
+		res.fo = failover{at: at, took: time.Since(t0)}
+		res.rl = n.relays[1]
+		res.routed += route(ctx, n.o, reqs, at, p, n.engines, stderr, res.start) - at
 	}
-	quiesce(engines)
-	settle(rl.Pipeline(), engines)
-	wall := time.Since(start)
+	quiesce(n.engines)
+	settle(res.rl.Pipeline(), n.engines)
+	res.wall = time.Since(res.start)
+	return res, nil
+}
+
+// drained waits until the stream is quiet and returns its state.
+func (n *natsRun) drained(ctx context.Context, js jetstream.JetStream) (*jetstream.StreamInfo, error) {
 	stream, err := js.Stream(ctx, relay.DefaultStream)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	info, err := quietStream(ctx, stream)
-	if err != nil {
-		return err
-	}
-	last := info.State.LastSeq
-	lags := make([]time.Duration, len(replicas))
-	for i, rp := range replicas {
-		if lags[i], err = caughtUp(ctx, rp, last, start); err != nil {
+	return quietStream(ctx, stream)
+}
+
+// compare waits for the replicas to catch up with the stream and compares
+// their indexes; then two routers join, one from the relay's newest
+// snapshot, one without any (an object name nothing is written under).
+func (n *natsRun) compare(ctx context.Context, reqs []sim.Request, res *natsResult) error {
+	last := res.info.State.LastSeq
+	res.lags = make([]time.Duration, len(n.replicas))
+	for i, rp := range n.replicas {
+		var err error
+		if res.lags[i], err = caughtUp(ctx, rp, last, res.start); err != nil {
 			return err
 		}
 	}
-	agree, compared := sameIndex(ctx, o, reqs[:routed], replicas[0].r.p, replicas[1].r.p)
-
-	// Two routers join now: one from the relay's newest snapshot, one
-	// without any (an object name nothing is written under).
-	var joins [2]join
+	first := n.replicas[0].r.p
+	res.agree, res.compared = sameIndex(ctx, n.o, reqs[:res.routed], first, n.replicas[1].r.p)
 	for i, settings := range []relay.Settings{{}, {Object: "none"}} {
 		t0 := time.Now()
-		rp, err := follow(settings)
+		rp, err := n.follow(settings)
 		if err != nil {
 			return err
 		}
-		replicas = append(replicas, rp)
 		if _, err := caughtUp(ctx, rp, last, t0); err != nil {
 			return err
 		}
-		joins[i] = join{took: time.Since(t0), stats: rp.f.Stats()}
-		joins[i].agree, _ = sameIndex(ctx, o, reqs[:routed], replicas[0].r.p, rp.r.p)
+		res.joins[i] = join{took: time.Since(t0), stats: rp.f.Stats()}
+		res.joins[i].agree, _ = sameIndex(ctx, n.o, reqs[:res.routed], first, rp.r.p)
 	}
+	res.fo.stats = n.relays[1].Stats()
+	return nil
+}
 
-	fo.stats = relays[1].Stats()
-	rs := relays[0].Stats()
-	if fo.took > 0 {
-		rs2 := relays[1].Stats()
+// report prints what the run measured.
+func (n *natsRun) report(stdout io.Writer, source string, res *natsResult) {
+	rs := n.relays[0].Stats()
+	if res.fo.took > 0 {
+		rs2 := n.relays[1].Stats()
 		rs.Published += rs2.Published
 		rs.Duplicates += rs2.Duplicates
 		rs.Retries += rs2.Retries
@@ -218,39 +277,36 @@ func runNATS(ctx context.Context, o options, reqs []sim.Request, source string, 
 		rs.SnapshotBytes = rs2.SnapshotBytes
 	}
 	var hit hits
-	for _, e := range engines {
+	for _, e := range n.engines {
 		hit.device += e.hits.device
 		hit.host += e.hits.host
 		hit.blocks += e.hits.blocks
 	}
+	info, wall := res.info, res.wall
 	fmt.Fprintf(stdout, "replay over NATS JetStream (%s, %d workers, capacity %d blocks; relay -> stream %s -> 2 router replicas)\n",
-		source, o.workers, o.capacity, relay.DefaultStream)
-	fmt.Fprintf(stdout, "  requests           %d in %s; kvpipe routing (replica 0) %s\n", routed, wall.Round(time.Millisecond), hit)
+		source, n.o.workers, n.o.capacity, relay.DefaultStream)
+	fmt.Fprintf(stdout, "  requests           %d in %s; kvpipe routing (replica 0) %s\n", res.routed, wall.Round(time.Millisecond), hit)
 	fmt.Fprintf(stdout, "  stream             %d messages, %d bytes (%.0f messages/s published, %d duplicates, %d retries); %d snapshots written, the last %d bytes\n",
 		info.State.Msgs, info.State.Bytes, float64(rs.Published)/wall.Seconds(), rs.Duplicates, rs.Retries, rs.Snapshots, rs.SnapshotBytes)
-	for i, rp := range replicas[:2] {
+	for i, rp := range n.replicas[:2] {
 		st := rp.f.Stats()
-		fmt.Fprintf(stdout, "  replica %d          %d messages applied, caught up %s after the last request\n", i, st.Applied, (lags[i] - wall).Round(time.Millisecond))
+		fmt.Fprintf(stdout, "  replica %d          %d messages applied, caught up %s after the last request\n", i, st.Applied, (res.lags[i] - wall).Round(time.Millisecond))
 	}
-	if fo.took > 0 {
+	if fo := res.fo; fo.took > 0 {
 		fmt.Fprintf(stdout, "  failover           at request %d the leading relay stopped; its standby led %s later: %d workers from the snapshot, %d messages made again from the engines' replay, %d resets\n",
 			fo.at, fo.took.Round(time.Millisecond), fo.stats.Restored, fo.stats.Replayed, fo.stats.Resets)
-		for i, r := range relays {
+		for i, r := range n.relays {
 			st := r.Stats()
 			fmt.Fprintf(stdout, "  relay %d            %d terms leading (%d ended by a lost lease), %d published, %d duplicates, %d resets\n",
 				i, st.Terms, st.LeaseLost, st.Published, st.Duplicates, st.Resets)
 		}
 	}
-	fmt.Fprintf(stdout, "  replicas agree     %v (%d prompts compared, per worker and tier)\n", agree, compared)
+	fmt.Fprintf(stdout, "  replicas agree     %v (%d prompts compared, per worker and tier)\n", res.agree, res.compared)
 	for i, name := range []string{"from the snapshot", "without"} {
-		j := joins[i]
+		j := res.joins[i]
 		fmt.Fprintf(stdout, "  late join %-17s caught up in %s: %d messages applied, %d skipped (in the snapshot), %d snapshots loaded; agrees %v\n",
 			name, j.took.Round(time.Millisecond), j.stats.Applied, j.stats.Skipped, j.stats.SnapshotsLoaded, j.agree)
 	}
-	if !agree || !joins[0].agree || !joins[1].agree {
-		return errors.New("the routers' indexes differ")
-	}
-	return nil
 }
 
 // quietStream waits until the relay has published everything: the
@@ -327,7 +383,7 @@ func caughtUp(ctx context.Context, rp *replica, last uint64, since time.Time) (t
 // sameIndex asks both pipelines about every request and compares their
 // answers worker by worker and tier by tier, and their blocks per tier.
 func sameIndex(ctx context.Context, o options, reqs []sim.Request, a, b *kvpipe.Pipeline) (bool, int) {
-	var h index.Hasher
+	var h kvpipe.Hasher
 	var tokens []uint32
 	var keys []uint64
 	var ma, mb []kvpipe.Match

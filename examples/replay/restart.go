@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/internal/sim"
 	"github.com/kvpipe/kvpipe/snapshot"
 )
@@ -38,7 +39,7 @@ func runRestart(ctx context.Context, o options, reqs []sim.Request, source strin
 	at := int(o.restartAt * float64(len(reqs)))
 	var runs [2]restartRun
 	for i, withSnapshot := range []bool{true, false} {
-		store := snapshot.File{Path: filepath.Join(dir, fmt.Sprintf("index-%d.kvps", i))}
+		store := kvpipe.FileStore{Path: filepath.Join(dir, fmt.Sprintf("index-%d.kvps", i))}
 		if runs[i], err = replayWithRestart(ctx, o, reqs, at, withSnapshot, store, stderr); err != nil {
 			return err
 		}
@@ -57,7 +58,7 @@ func runRestart(ctx context.Context, o options, reqs []sim.Request, source strin
 	return nil
 }
 
-func replayWithRestart(ctx context.Context, o options, reqs []sim.Request, at int, withSnapshot bool, store snapshot.Store, stderr io.Writer) (restartRun, error) {
+func replayWithRestart(ctx context.Context, o options, reqs []sim.Request, at int, withSnapshot bool, store kvpipe.Store, stderr io.Writer) (restartRun, error) {
 	var out restartRun
 	engines, err := startEngines(o, len(reqs))
 	if err != nil {
@@ -77,25 +78,9 @@ func replayWithRestart(ctx context.Context, o options, reqs []sim.Request, at in
 	// follows the snapshot.
 	quiesce(engines)
 	settle(first.p, engines)
-	var snap *snapshot.Snapshot
-	if withSnapshot {
-		t0 := time.Now()
-		if err := first.p.SaveSnapshot(ctx, store); err != nil {
-			return out, err
-		}
-		out.write = time.Since(t0)
-	}
-	if err := first.stop(); err != nil {
+	snap, err := restart(ctx, first, withSnapshot, store, &out)
+	if err != nil {
 		return out, err
-	}
-	if withSnapshot {
-		t0 := time.Now()
-		snap = new(snapshot.Snapshot)
-		data, err := snapshot.Load(ctx, store, snap, nil)
-		if err != nil {
-			return out, err
-		}
-		out.load, out.bytes, out.blocks = time.Since(t0), len(data), snap.Blocks()
 	}
 	second, err := startRouter(ctx, o, engines, nil, snap, stderr)
 	if err != nil {
@@ -111,7 +96,36 @@ func replayWithRestart(ctx context.Context, o options, reqs []sim.Request, at in
 	}
 	drainEngines(engines)
 	out.resyncs = second.p.Stats().Total().Actor.Resyncs
-	results := engines[0].results
+	out.tally(engines[0].results, at)
+	return out, second.stop()
+}
+
+// restart stops the first router, saving its snapshot in store first when
+// asked, and loads it back for the second.
+func restart(ctx context.Context, first *router, withSnapshot bool, store kvpipe.Store, out *restartRun) (*snapshot.Snapshot, error) {
+	if withSnapshot {
+		t0 := time.Now()
+		if err := first.p.SaveSnapshot(ctx, store); err != nil {
+			return nil, err
+		}
+		out.write = time.Since(t0)
+	}
+	if err := first.stop(); err != nil || !withSnapshot {
+		return nil, err
+	}
+	t0 := time.Now()
+	snap := new(snapshot.Snapshot)
+	data, err := snapshot.Load(ctx, store, snap, nil)
+	if err != nil {
+		return nil, err
+	}
+	out.load, out.bytes, out.blocks = time.Since(t0), len(data), snap.Blocks()
+	return snap, nil
+}
+
+// tally counts the results before the restart at at, after it, and soon
+// after it.
+func (out *restartRun) tally(results []sim.Result, at int) {
 	for i, r := range results {
 		switch {
 		case i < at:
@@ -123,5 +137,4 @@ func replayWithRestart(ctx context.Context, o options, reqs []sim.Request, at in
 			}
 		}
 	}
-	return out, second.stop()
 }

@@ -4,7 +4,9 @@ package pace
 
 import (
 	"context"
+	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 )
 
@@ -59,4 +61,36 @@ func (l *Limiter) Allow(now time.Time) (suppressed int, ok bool) {
 	n := l.suppressed
 	l.last, l.suppressed = now, 0
 	return n, true
+}
+
+// Warner logs warnings through an slog.Logger, at most one per second,
+// adding how many it held back to the next one it lets through. Any
+// goroutine may call it; it is kvpipe's one rate-limited logger.
+type Warner struct {
+	log    *slog.Logger
+	prefix string
+	mu     sync.Mutex
+	lim    Limiter
+}
+
+// NewWarner returns a Warner on log (nil discards) prefixing every message.
+func NewWarner(log *slog.Logger, prefix string) *Warner {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Warner{log: log, prefix: prefix, lim: Limiter{Every: time.Second}}
+}
+
+// Warn logs msg with args, unless another warning passed within the second.
+func (w *Warner) Warn(msg string, args ...any) {
+	w.mu.Lock()
+	n, ok := w.lim.Allow(time.Now())
+	w.mu.Unlock()
+	if !ok {
+		return
+	}
+	if n > 0 {
+		args = append(args, "suppressed", n)
+	}
+	w.log.Warn(w.prefix+msg, args...)
 }

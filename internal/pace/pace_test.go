@@ -1,7 +1,10 @@
 package pace
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 )
@@ -45,4 +48,25 @@ func TestSleepEndsWithTheContext(t *testing.T) {
 	if !Sleep(context.Background(), time.Millisecond) {
 		t.Error("Sleep did not wait")
 	}
+}
+
+// A Warner lets the first warning through, holds back the next ones within
+// the second, and names how many it held back in the next one it passes.
+func TestWarnerRateLimits(t *testing.T) {
+	var buf bytes.Buffer
+	w := NewWarner(slog.New(slog.NewTextHandler(&buf, nil)), "kvpipe/test: ")
+	for range 3 {
+		w.Warn("trouble", "n", 1)
+	}
+	if got := strings.Count(buf.String(), "trouble"); got != 1 {
+		t.Fatalf("%d warnings within a second, want 1:\n%s", got, buf.String())
+	}
+	w.mu.Lock()
+	w.lim.last = w.lim.last.Add(-2 * time.Second) // a second has passed
+	w.mu.Unlock()
+	w.Warn("trouble again")
+	if !strings.Contains(buf.String(), `msg="kvpipe/test: trouble again" suppressed=2`) {
+		t.Errorf("the next warning does not say 2 were held back:\n%s", buf.String())
+	}
+	NewWarner(nil, "").Warn("discarded") // a nil logger discards
 }

@@ -1,4 +1,4 @@
-package supervisor
+package kvpipe
 
 import (
 	"cmp"
@@ -10,12 +10,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/kvpipe/kvpipe/snapshot"
 	"github.com/kvpipe/kvpipe/wire"
-	"github.com/kvpipe/kvpipe/wire/wiretest"
 )
 
 // newSmallEngine is newEngine with a replay buffer of only steps batches.
@@ -203,7 +202,7 @@ func TestRestoreErrors(t *testing.T) {
 		})
 	}
 	p := startPipeline(t, Config{})
-	eventually(t, "running", nil, func() bool { return p.shards.Load() != nil })
+	eventually(t, "running", nil, func() bool { return p.read.shards.Load() != nil })
 	if err := p.Restore(&good); err == nil {
 		t.Error("Restore after Run: no error")
 	}
@@ -360,10 +359,14 @@ func TestPublishHook(t *testing.T) {
 	}
 	calls := make(chan call, 1000)
 	var seq uint64 // only the worker's goroutine, then the remover, call it
-	p := startPipeline(t, Config{Publish: func(_ context.Context, worker string, ops []index.Op, _ actor.Origin) uint64 {
-		calls <- call{worker, append([]index.Op(nil), ops...)}
-		seq++
-		return seq
+	p := startPipeline(t, Config{Tap: tapFuncs{
+		ops: func(_ context.Context, worker string, ops []index.Op, _ Origin) uint64 {
+			calls <- call{worker, append([]index.Op(nil), ops...)}
+			seq++
+			return seq
+		},
+		// Ops stores each batch before it returns: the last position covers all.
+		flush: func(context.Context, string) (uint64, error) { return seq, nil },
 	}})
 	e := newEngine(t)
 	if err := p.AddWorker("a", WorkerConfig{Endpoint: e.ep, ReplayEndpoint: e.replay}); err != nil {
@@ -374,7 +377,7 @@ func TestPublishHook(t *testing.T) {
 	keys := h.Prompt(nil, prompt(1, 2), 16)
 	for i, want := range [][]index.Op{
 		{{Kind: index.OpClearWorker}}, // started afresh: what the stream held of "a" is not its
-		{{Kind: index.OpStore, Hash: keys[0]}, {Kind: index.OpStore, Hash: keys[1]}},
+		{{Kind: index.OpStore, Link: index.LinkRoot, Hash: keys[0]}, {Kind: index.OpStore, Link: index.LinkChild, Hash: keys[1], Parent: keys[0]}},
 	} {
 		select {
 		case c := <-calls:
@@ -407,16 +410,16 @@ func TestPublishHook(t *testing.T) {
 func TestRepublishAndFlush(t *testing.T) {
 	type call struct {
 		ops []index.Op
-		o   actor.Origin
+		o   Origin
 	}
 	calls := make(chan call, 1000)
-	p := startPipeline(t, Config{
-		Publish: func(_ context.Context, _ string, ops []index.Op, o actor.Origin) uint64 {
+	p := startPipeline(t, Config{Tap: tapFuncs{
+		ops: func(_ context.Context, _ string, ops []index.Op, o Origin) uint64 {
 			calls <- call{append([]index.Op(nil), ops...), o}
 			return 1
 		},
-		Flush: func(ctx context.Context, worker string) (uint64, error) { return 42, nil },
-	})
+		flush: func(ctx context.Context, worker string) (uint64, error) { return 42, nil },
+	}})
 	e := newEngine(t)
 	if err := p.AddWorker("a", WorkerConfig{Endpoint: e.ep, ReplayEndpoint: e.replay}); err != nil {
 		t.Fatal(err)
@@ -455,9 +458,6 @@ func TestRepublishAndFlush(t *testing.T) {
 	}
 	if len(snap.Workers) != 1 || snap.Workers[0].StreamSeq != 42 {
 		t.Errorf("snapshot workers %+v, want a at stream seq 42, what Flush said", snap.Workers)
-	}
-	if _, err := New(Config{BlockSize: 16, Flush: func(context.Context, string) (uint64, error) { return 0, nil }}); err == nil {
-		t.Error("New took Flush without Publish")
 	}
 }
 

@@ -1,4 +1,4 @@
-package supervisor
+package kvpipe
 
 import (
 	"context"
@@ -27,7 +27,7 @@ func chain(base, n int) []uint32 {
 func startPyEngine(t *testing.T, args ...string) (engine *enginepeer.Peer, ep, replay string) {
 	t.Helper()
 	ep, replay = freeTCP(t), freeTCP(t)
-	engine = enginepeer.Start(t, "../wire/testdata/engine_pub.py", append([]string{"--endpoint", ep, "--replay", replay}, args...)...)
+	engine = enginepeer.Start(t, "wire/testdata/engine_pub.py", append([]string{"--endpoint", ep, "--replay", replay}, args...)...)
 	engine.Expect("ready")
 	return engine, ep, replay
 }
@@ -121,7 +121,7 @@ func TestInteropFloodAtHWM1LosesNothing(t *testing.T) {
 // are counted and leave the worker partial. A restart shows as a new epoch.
 func TestInteropSGLangSnapshotAfterALoss(t *testing.T) {
 	ep, replay, snap := freeTCP(t), freeTCP(t), freeTCP(t)
-	engine := enginepeer.Start(t, "../wire/testdata/sglang_pub.py", "--endpoint", ep, "--replay", replay,
+	engine := enginepeer.Start(t, "wire/testdata/sglang_pub.py", "--endpoint", ep, "--replay", replay,
 		"--snapshot", snap, "--buffer", "20")
 	engine.Expect("ready")
 	cfg := Config{}
@@ -181,7 +181,7 @@ func TestInteropSGLangSnapshotAfterALoss(t *testing.T) {
 // worker stays partial and goes on.
 func TestInteropSGLangSnapshotRefused(t *testing.T) {
 	ep, replay, snap := freeTCP(t), freeTCP(t), freeTCP(t)
-	engine := enginepeer.Start(t, "../wire/testdata/sglang_pub.py", "--endpoint", ep, "--replay", replay,
+	engine := enginepeer.Start(t, "wire/testdata/sglang_pub.py", "--endpoint", ep, "--replay", replay,
 		"--snapshot", snap, "--buffer", "5")
 	engine.Expect("ready")
 	p := startPipeline(t, Config{})

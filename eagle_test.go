@@ -1,4 +1,4 @@
-package supervisor
+package kvpipe
 
 import (
 	"context"
@@ -113,7 +113,7 @@ func TestEagleSaltAdapterAndTiers(t *testing.T) {
 	if s := scores(t, p, r.Tokens); len(s) != 0 {
 		t.Errorf("a request without the salt and adapter matches: %v", s)
 	}
-	var h index.Hasher
+	var h Hasher
 	keys, eagleKeys := h.RequestKeys(nil, r, 16), h.EagleKeys(nil, r, 16)
 	if ms, _ := p.FindMatchesKeys(context.Background(), eagleKeys); len(ms) != 0 {
 		t.Errorf("FindMatchesKeys (plain keys) scored an EAGLE worker: %v", ms)

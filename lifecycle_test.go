@@ -1,4 +1,4 @@
-package supervisor
+package kvpipe
 
 import (
 	"context"
@@ -137,22 +137,28 @@ func TestAppendMatchesAllocatesNothing(t *testing.T) {
 	}
 }
 
-// A stopped pipeline takes its collectors off the registry, so that the
-// router can build the next one on it; a live one keeps them.
-func TestStoppedPipelineReleasesItsMetrics(t *testing.T) {
-	reg := prometheus.NewRegistry()
+// New registers nothing: pipelines built, run or not, leave a registry to
+// whoever registers a collector on it, once at a time.
+func TestNewRegistersNothing(t *testing.T) {
 	for i, run := range []bool{false, true, false} {
-		p, err := New(Config{BlockSize: 16, Registry: reg})
+		reg := prometheus.NewRegistry()
+		p, err := New(Config{BlockSize: 16})
 		if err != nil {
-			t.Fatalf("pipeline %d on the registry: %v", i, err)
+			t.Fatalf("pipeline %d: %v", i, err)
 		}
-		if _, err := New(Config{BlockSize: 16, Registry: reg}); err == nil {
-			t.Fatalf("a second pipeline registered beside live pipeline %d", i)
+		if families, err := reg.Gather(); err != nil || len(families) != 0 {
+			t.Fatalf("pipeline %d: the registry holds %d families (%v), want none", i, len(families), err)
+		}
+		if err := RegisterMetrics(reg, p); err != nil {
+			t.Fatalf("pipeline %d's collector: %v", i, err)
+		}
+		if err := RegisterMetrics(reg, p); err == nil {
+			t.Fatalf("a second collector registered beside pipeline %d's", i)
 		}
 		done := make(chan error, 1)
 		if run {
 			go func() { done <- p.Run(context.Background()) }()
-			eventually(t, "Run started", nil, func() bool { return p.shards.Load() != nil })
+			eventually(t, "Run started", nil, func() bool { return p.read.shards.Load() != nil })
 		}
 		if err := p.Shutdown(context.Background()); err != nil {
 			t.Fatal(err)

@@ -1,5 +1,5 @@
 //go:build race
 
-package supervisor
+package kvpipe
 
 const raceEnabled = true

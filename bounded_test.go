@@ -1,4 +1,4 @@
-package supervisor
+package kvpipe
 
 import (
 	"context"
@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/kvpipe/kvpipe/internal/ztest"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // within fails the test unless f returns within d.
@@ -26,8 +25,8 @@ func TestPublicCallsAreBoundedAgainstStuckPeers(t *testing.T) {
 	engine, ep, replay := startPyEngine(t)
 	silent := ztest.RawPeer(t, nil)
 	half := ztest.RawPeer(t, []byte{0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f}) // the first 10 greeting bytes, then nothing
-	reg := prometheus.NewRegistry()
-	p := startPipeline(t, Config{Registry: reg})
+	p := startPipeline(t, Config{})
+	reg := withMetrics(t, p)
 	for name, eps := range map[string][2]string{"frozen": {ep, replay}, "silent": {silent, silent}, "half": {half, half}} {
 		if err := p.AddWorker(name, WorkerConfig{Endpoint: eps[0], ReplayEndpoint: eps[1]}); err != nil {
 			t.Fatal(err)

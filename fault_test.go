@@ -46,7 +46,7 @@
 // fault hits which link when); every scenario logs its seed. Thread timing
 // still differs between runs, so a seed narrows a failure down rather than
 // replaying it exactly.
-package supervisor
+package kvpipe
 
 import (
 	"context"
@@ -68,9 +68,9 @@ import (
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/faultproxy"
 	"github.com/kvpipe/kvpipe/internal/sim"
+	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/kvpipe/kvpipe/internal/ztest"
 	"github.com/kvpipe/kvpipe/wire"
-	"github.com/kvpipe/kvpipe/wire/wiretest"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -465,11 +465,14 @@ func newFaultWorld(t *testing.T, wcfg wire.Options, shards int) *faultWorld {
 	reg := prometheus.NewRegistry()
 	w := &faultWorld{t: t, reg: reg, byName: map[string]*faultEngine{}, last: map[string]faultDelivery{},
 		jumps: map[string]int{}, starts: map[string][]faultDelivery{}, decoder: codec.NewDecoder()}
-	cfg := Config{BlockSize: faultBlockSize, Shards: shards, Subscriber: wcfg, Registry: reg, Observe: w.observe}
+	cfg := Config{BlockSize: faultBlockSize, Shards: shards, Subscriber: wcfg, Observe: w.observe}
 	if os.Getenv("KVPIPE_FAULT_LOG") == "1" { // the pipeline's warnings, for a failure's story
 		cfg.Logger = slog.New(slog.NewTextHandler(faultLogWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
 	w.p = runPipeline(t, cfg)
+	if err := RegisterMetrics(reg, w.p); err != nil {
+		t.Fatal(err)
+	}
 	return w
 }
 

@@ -1,4 +1,4 @@
-package supervisor
+package kvpipe
 
 import (
 	"context"
@@ -9,15 +9,12 @@ import (
 
 	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/kvpipe/kvpipe/internal/ztest"
 	"github.com/kvpipe/kvpipe/wire"
-	"github.com/kvpipe/kvpipe/wire/wiretest"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 )
-
-func TestMain(m *testing.M) { ztest.VerifyNoLeaks(m) }
 
 var freeTCP = ztest.FreeTCP
 
@@ -166,16 +163,6 @@ func TestConfigAndWorkerErrors(t *testing.T) {
 			t.Errorf("New(%+v) = %v, want %q", tc.cfg, err, tc.want)
 		}
 	}
-	// A registry that already holds kvpipe's metrics: a clear error, and nothing left half-registered.
-	reg := prometheus.NewRegistry()
-	first, err := New(Config{BlockSize: 16, Registry: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer first.Shutdown(context.Background())
-	if _, err := New(Config{BlockSize: 16, Registry: reg}); err == nil || !strings.Contains(err.Error(), "registering metrics") {
-		t.Errorf("second pipeline on one registry: %v, want a registering error", err)
-	}
 	p := startPipeline(t, Config{})
 	if err := p.AddWorker("w", WorkerConfig{Endpoint: "tcp://127.0.0.1:1", ReplayEndpoint: ""}); err != nil {
 		t.Fatal(err)
@@ -233,8 +220,8 @@ func TestPanickingWorkerIsRestartedAndResynced(t *testing.T) {
 }
 
 func TestMetricsScrape(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	p := startPipeline(t, Config{Registry: reg, Shards: 3})
+	p := startPipeline(t, Config{Shards: 3})
+	reg := withMetrics(t, p)
 	e := newEngine(t)
 	if err := p.AddWorker("engine-0", WorkerConfig{Endpoint: e.ep, ReplayEndpoint: e.replay}); err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package supervisor
+package kvpipe
 
 import (
 	"testing"
@@ -29,7 +29,7 @@ func TestInteropSGLangEagle(t *testing.T) {
 			if form == "map" {
 				args = append(args, "--map-events")
 			}
-			engine := enginepeer.Start(t, "../wire/testdata/sglang_pub.py", args...)
+			engine := enginepeer.Start(t, "wire/testdata/sglang_pub.py", args...)
 			engine.Expect("ready")
 			p := startPipeline(t, Config{})
 			subscribe(t, p, WorkerConfig{Endpoint: ep, ReplayEndpoint: replay})

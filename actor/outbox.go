@@ -1,0 +1,121 @@
+package actor
+
+import "github.com/kvpipe/kvpipe/index"
+
+// maxOps caps the ops of one index batch, so that a batch's memory is
+// bounded (the bound Config.ShardQueue documents) and a huge event (a whole
+// long prompt) is applied in parts rather than holding its shard at once.
+const maxOps = 256
+
+// outbox fills batches of ops and hands them to the worker's shard, with
+// the backpressure the config asks for, reusing the batches the shard hands
+// back.
+type outbox struct {
+	cfg    *Config
+	stats  *counters
+	free   chan *index.Batch // batches the shard handed back
+	out    *index.Batch      // being filled; nil until the first op
+	resync bool              // a dropped batch left the index behind: clear first
+	// dropped is told of a batch dropped: the mapping's next generation.
+	dropped func()
+
+	origin    Origin // of the ops being made, for Config.Publish
+	streamSeq uint64 // what Config.Publish last returned
+	restoring bool   // Import: its ops are not published
+}
+
+// room flushes the batch being filled unless it has room for n more ops.
+// Every change of the mapping asks for its ops' room before it reads the
+// generation, and only room flushes: a flush that drops the batch starts a
+// new generation, which must not fall between a block's ops and its
+// mapping, or the index would keep keys the mapping says are out.
+func (o *outbox) room(n int) {
+	if o.out != nil && len(o.out.Ops)+n > maxOps {
+		o.flush()
+	}
+}
+
+// emit adds op to the batch being filled, and counts it.
+func (o *outbox) emit(op index.Op) {
+	kind, t := op.Kind, op.Tier
+	if o.out == nil {
+		o.out = o.take()
+	}
+	switch kind {
+	case index.OpStore:
+		o.stats.BlocksStored.Add(1)
+		o.stats.TierBlocks[t].Add(1)
+	case index.OpRemove:
+		o.stats.BlocksRemoved.Add(1)
+		o.stats.TierBlocks[t].Add(-1)
+	case index.OpClearWorker:
+		o.stats.zeroHeld()
+	case index.OpClearTier:
+		o.stats.TierBlocks[t].Store(0)
+	}
+	o.out.Ops = append(o.out.Ops, op)
+}
+
+// take returns a batch to fill: a free one, or else a new one. At most
+// cap(free) ever exist: when take runs, none is being filled, at most
+// cap(Shard) are queued and one is being applied, and every other one is
+// in free (flush and drop put back what they do not send, and the shard
+// returns what it applied), so a new one is made only while fewer exist,
+// and the shard's hand-back into free never blocks.
+func (o *outbox) take() *index.Batch {
+	select {
+	case b := <-o.free:
+		return b
+	default:
+		return &index.Batch{Worker: o.cfg.Worker, Return: o.free}
+	}
+}
+
+func (o *outbox) flush() {
+	b := o.out
+	if b == nil {
+		return
+	}
+	o.out = nil
+	if o.resync {
+		// Entries were lost with a dropped batch: start the worker afresh.
+		b.Ops = append(b.Ops, index.Op{})
+		copy(b.Ops[1:], b.Ops)
+		b.Ops[0] = index.Op{Kind: index.OpClearWorker}
+		o.resync = false
+	}
+	if o.cfg.Publish != nil && !o.restoring {
+		o.origin.Partial = o.stats.Partial.Load()
+		o.streamSeq = o.cfg.Publish(b.Ops, o.origin)
+		o.origin.Part++
+	}
+	select { // a shard with room takes the batch, even from a stopping worker
+	case o.cfg.Shard <- b:
+		return
+	default:
+	}
+	if o.cfg.Backpressure == Block {
+		select {
+		case o.cfg.Shard <- b:
+			return
+		case <-o.cfg.Done:
+		}
+	}
+	o.drop(b)
+}
+
+// drop discards b's ops: the index has lost them, so the worker is resynced
+// (its entries cleared) with the next batch that gets through.
+func (o *outbox) drop(b *index.Batch) {
+	select {
+	case <-o.cfg.Done: // stopping: not an overload
+	default:
+		o.stats.DroppedBatches.Add(1)
+	}
+	o.resync = true
+	o.dropped()
+	o.stats.zeroHeld()
+	o.stats.Partial.Store(true)
+	b.Ops = b.Ops[:0]
+	o.free <- b
+}

@@ -1,0 +1,268 @@
+package kvpipe
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvpipe/kvpipe/index"
+)
+
+// Match is one worker's overlap with a request: its leading blocks cached.
+type Match struct {
+	Worker string
+	Blocks int // leading blocks on device
+	// Tiers[t] is how many leading blocks the worker holds each in tier t or
+	// a faster one: Tiers[TierDevice] is Blocks, Tiers[TierRemote] is how
+	// far the prefix reaches in any tier.
+	Tiers [index.NumTiers]int
+	// Score weighs those blocks by the slowest tier each needed
+	// (Config.TierWeights): a prefix wholly on device scores its length.
+	Score float64
+	// Partial: the worker's entries may lack blocks its engine holds (it
+	// was resynced, or kvpipe joined its stream late), so Blocks may be low;
+	// a router may weigh it. It clears once the worker's history is whole
+	// again (a new incarnation from its first batch, or a cache clear).
+	Partial bool
+	// Eagle: the worker keys its blocks over EAGLE windows, and was
+	// matched with the request's EAGLE keys (Hasher.EagleKeys).
+	Eagle bool
+}
+
+// Request describes a request for FindMatchesRequest: its tokens, and the
+// adapter, salt and multimodal inputs that make its blocks distinct.
+type Request struct {
+	Tokens []uint32
+	// Lora names the request's adapter; an engine that publishes only
+	// lora_id is matched by LoraID with HasLoraID set.
+	Lora      string
+	LoraID    int64
+	HasLoraID bool
+	Salt      string // the request's cache salt
+	// MultiModal are its multimodal inputs, ordered by Offset.
+	MultiModal []MultiModal
+}
+
+// MultiModal is one multimodal input of a Request: its content hash and
+// the placeholder tokens it spans.
+type MultiModal = index.MultiModal
+
+// Hasher turns a request into router block keys, for FindMatchesKeys and
+// AppendMatches, reusing what it allocated; its zero value is ready. One
+// goroutine at a time may use it.
+type Hasher struct{ h index.Hasher }
+
+// Prompt appends to dst the keys of a base-model prompt's whole blocks.
+func (h *Hasher) Prompt(dst []uint64, tokens []uint32, blockSize int) []uint64 {
+	return h.h.Prompt(dst, tokens, blockSize)
+}
+
+// RequestKeys appends to dst the keys of r's whole blocks: those the
+// engines' blocks of that request get (adapter, salt and multimodal
+// inputs included). It allocates nothing when dst has room.
+func (h *Hasher) RequestKeys(dst []uint64, r *Request, blockSize int) []uint64 {
+	return h.h.RequestKeys(dst, (*index.Request)(r), blockSize)
+}
+
+// EaglePrompt is Prompt for workers keyed over EAGLE windows: the key of
+// every block whose window of blockSize+1 tokens the prompt covers.
+func (h *Hasher) EaglePrompt(dst []uint64, tokens []uint32, blockSize int) []uint64 {
+	return h.h.EaglePrompt(dst, tokens, blockSize)
+}
+
+// EagleKeys is RequestKeys for workers keyed over EAGLE windows.
+func (h *Hasher) EagleKeys(dst []uint64, r *Request, blockSize int) []uint64 {
+	return h.h.EagleKeys(dst, (*index.Request)(r), blockSize)
+}
+
+// FindMatches hashes a base-model request's tokens into router blocks and
+// returns, for every worker holding its first block, how many leading
+// blocks it holds. Workers keyed over EAGLE windows are matched with the
+// prompt's EAGLE keys, the others with its plain keys: one hashing pass
+// for each kind of worker the pipeline has.
+func (p *Pipeline) FindMatches(ctx context.Context, tokens []uint32) ([]Match, error) {
+	var h index.Hasher
+	var keys, eagleKeys []uint64
+	plain, eagle := kinds(*p.read.list.Load())
+	if plain {
+		keys = h.Prompt(nil, tokens, p.cfg.BlockSize)
+	}
+	if eagle {
+		eagleKeys = h.EaglePrompt(nil, tokens, p.cfg.BlockSize)
+	}
+	return nilIfEmpty(p.AppendMatchesKeys(ctx, nil, keys, eagleKeys))
+}
+
+// FindMatchesRequest is FindMatches for a request on an adapter, with a
+// cache salt, or with multimodal inputs: its keys are those the engines'
+// blocks of that request get, and no other request's.
+func (p *Pipeline) FindMatchesRequest(ctx context.Context, r *Request) ([]Match, error) {
+	var h index.Hasher
+	var keys, eagleKeys []uint64
+	plain, eagle := kinds(*p.read.list.Load())
+	if plain {
+		keys = h.RequestKeys(nil, (*index.Request)(r), p.cfg.BlockSize)
+	}
+	if eagle {
+		eagleKeys = h.EagleKeys(nil, (*index.Request)(r), p.cfg.BlockSize)
+	}
+	return nilIfEmpty(p.AppendMatchesKeys(ctx, nil, keys, eagleKeys))
+}
+
+// kinds reports whether ws has workers keyed plainly, and workers keyed
+// over EAGLE windows.
+func kinds(ws []*worker) (plain, eagle bool) {
+	for _, w := range ws {
+		if w.eagle() {
+			eagle = true
+		} else {
+			plain = true
+		}
+	}
+	return plain, eagle
+}
+
+func nilIfEmpty(matches []Match, err error) ([]Match, error) {
+	if len(matches) == 0 {
+		matches = nil
+	}
+	return matches, err
+}
+
+// FindMatchesKeys is FindMatches for keys already hashed with a Hasher
+// (Prompt or RequestKeys). Workers keyed over EAGLE windows are left out:
+// FindMatchesKeys' keys are not theirs (see AppendMatchesKeys).
+func (p *Pipeline) FindMatchesKeys(ctx context.Context, keys []uint64) ([]Match, error) {
+	return nilIfEmpty(p.AppendMatches(ctx, nil, keys))
+}
+
+// AppendMatches is FindMatchesKeys appending to dst: with room in dst it
+// allocates nothing. It reads the index on the calling goroutine and never
+// waits for a worker or a shard; the README says what an answer reflects.
+func (p *Pipeline) AppendMatches(ctx context.Context, dst []Match, keys []uint64) ([]Match, error) {
+	return p.AppendMatchesKeys(ctx, dst, keys, nil)
+}
+
+// AppendMatchesKeys is AppendMatches for a router that hashes both kinds
+// of keys itself: workers keyed plainly are matched with keys (Prompt,
+// RequestKeys), workers keyed over EAGLE windows with eagleKeys
+// (EaglePrompt, EagleKeys). A nil slice leaves its kind of worker out.
+// Match.Eagle says which keys a worker's answer used.
+func (p *Pipeline) AppendMatchesKeys(ctx context.Context, dst []Match, keys, eagleKeys []uint64) ([]Match, error) {
+	shards := p.read.shards.Load()
+	if shards == nil {
+		select {
+		case <-p.stopped: // shut down before Run
+			return dst, ErrClosed
+		default: // not running yet: no worker holds anything
+			return dst, nil
+		}
+	}
+	start := time.Now()
+	var err error
+	if keys != nil {
+		dst, err = p.read.appendKind(ctx, shards, dst, keys, false)
+	}
+	if err == nil && eagleKeys != nil {
+		dst, err = p.read.appendKind(ctx, shards, dst, eagleKeys, true)
+	}
+	if err == nil {
+		p.read.latency.observe(time.Since(start))
+	}
+	return dst, err
+}
+
+// readPath is what the read path needs, published on every change of the
+// worker table, so that FindMatches and scrapes take no lock and never
+// wait.
+type readPath struct {
+	shards  atomic.Pointer[index.Shards]
+	names   atomic.Pointer[map[index.WorkerID]*worker]
+	list    atomic.Pointer[[]*worker]
+	scores  sync.Pool // *[]index.Score: the scratch of a match
+	weights Weights
+	latency latency // FindMatches' durations, for metrics
+}
+
+// appendKind appends the matches of keys for the workers of one kind.
+func (r *readPath) appendKind(ctx context.Context, shards *index.Shards, dst []Match, keys []uint64, eagle bool) ([]Match, error) {
+	scratch := r.scores.Get().(*[]index.Score)
+	defer r.scores.Put(scratch)
+	scores, err := shards.FindMatches(ctx, (*scratch)[:0], keys)
+	*scratch = scores[:0]
+	if errors.Is(err, index.ErrClosed) {
+		return dst, ErrClosed
+	}
+	if err != nil {
+		return dst, err
+	}
+	names := *r.names.Load()
+	for _, sc := range scores {
+		// A worker removed meanwhile is left out, and so is one of the other kind.
+		if w, ok := names[sc.Worker]; ok && w.eagle() == eagle {
+			dst = append(dst, Match{Worker: w.name, Blocks: sc.Blocks, Tiers: sc.Tiers, Score: sc.Weighted(r.weights),
+				Partial: w.partial(), Eagle: eagle})
+		}
+	}
+	return dst, nil
+}
+
+// Sync waits until the shards have applied every batch the workers handed
+// them so far: answers asked after it reflect at least those batches.
+func (p *Pipeline) Sync(ctx context.Context) error {
+	p.mu.Lock()
+	switch p.phase {
+	case idle:
+		p.mu.Unlock()
+		return nil // nothing handed over yet
+	case draining, closed:
+		p.mu.Unlock()
+		return ErrClosed
+	}
+	p.syncing.Add(1) // the shards stay open until it is done
+	p.mu.Unlock()
+	defer p.syncing.Done()
+	return p.read.shards.Load().Sync(ctx)
+}
+
+// LatencyBounds are the upper bounds of Stats.FindMatches' buckets: 1µs
+// times powers of 4, up to about 262ms; a last bucket takes the rest.
+var LatencyBounds = [...]time.Duration{
+	1 << 0 * time.Microsecond, 1 << 2 * time.Microsecond, 1 << 4 * time.Microsecond, 1 << 6 * time.Microsecond,
+	1 << 8 * time.Microsecond, 1 << 10 * time.Microsecond, 1 << 12 * time.Microsecond, 1 << 14 * time.Microsecond,
+	1 << 16 * time.Microsecond, 1 << 18 * time.Microsecond,
+}
+
+// Latency counts FindMatches calls by duration.
+type Latency struct {
+	// Buckets[i] counts the calls that took at most LatencyBounds[i] and
+	// more than the bound before; the last one, those past every bound.
+	Buckets [len(LatencyBounds) + 1]uint64
+	Sum     time.Duration // of every call counted
+}
+
+// latency is the live Latency, written by every FindMatches.
+type latency struct {
+	buckets [len(LatencyBounds) + 1]atomic.Uint64
+	sum     atomic.Int64
+}
+
+func (l *latency) observe(d time.Duration) {
+	i := 0
+	for i < len(LatencyBounds) && d > LatencyBounds[i] {
+		i++
+	}
+	l.buckets[i].Add(1)
+	l.sum.Add(int64(d))
+}
+
+func (l *latency) load() Latency {
+	var v Latency
+	for i := range l.buckets {
+		v.Buckets[i] = l.buckets[i].Load()
+	}
+	v.Sum = time.Duration(l.sum.Load())
+	return v
+}

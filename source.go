@@ -1,0 +1,164 @@
+package kvpipe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/kvpipe/kvpipe/actor"
+	"github.com/kvpipe/kvpipe/index"
+)
+
+// A Source feeds the index with ops normalised by another kvpipe process
+// (relay.Follower consumes a relay's JetStream stream) instead of, or beside,
+// the pipeline's own workers. Run runs it beside the workers until the
+// pipeline stops, restarting it with backoff when it returns.
+type Source interface {
+	Run(ctx context.Context, f *Feed) error
+}
+
+// Feed is how a Source hands its ops to the pipeline. Its workers are
+// named by the Source, created on their first ops and removed by an
+// index.OpRemoveWorker; they have no subscriber of their own.
+type Feed struct {
+	p *Pipeline
+}
+
+// fedWorker is what the pipeline knows of a Source's worker: written by the
+// Source's goroutine, read by scrapes and the read path.
+type fedWorker struct {
+	partial atomic.Bool
+	batches atomic.Uint64
+	stored  atomic.Uint64
+	removed atomic.Uint64
+	// tierBlocks is kept by the shard (index.Batch.Held): a Source's worker
+	// may remove blocks it never stored here (it joined its stream late),
+	// which only the index can tell.
+	tierBlocks [index.NumTiers]atomic.Int64
+}
+
+func (f *fedWorker) stats() actor.Stats {
+	st := actor.Stats{Batches: f.batches.Load(), BlocksStored: f.stored.Load(), BlocksRemoved: f.removed.Load(), Partial: f.partial.Load()}
+	for t := range st.TierBlocks {
+		st.TierBlocks[t] = f.tierBlocks[t].Load()
+	}
+	st.IndexedBlocks = st.TierBlocks[index.TierDevice]
+	return st
+}
+
+// count keeps the worker's op counters.
+func (f *fedWorker) count(op index.Op) {
+	switch op.Kind {
+	case index.OpStore:
+		f.stored.Add(1)
+	case index.OpRemove:
+		f.removed.Add(1)
+	}
+}
+
+// Apply hands ops to worker's shard, in order, waiting while the shard is
+// behind or until ctx ends. partial is the worker's state after them
+// (Match.Partial). Ops after an OpRemoveWorker belong to a new worker of
+// that name. An op of an unknown kind or tier fails the call before any of
+// its ops is applied; a call that ctx ends may have applied some. Calls for
+// one worker must not run concurrently.
+func (f *Feed) Apply(ctx context.Context, worker string, partial bool, ops []index.Op) error {
+	for i, op := range ops {
+		if op.Kind > index.OpClearTier || op.Tier >= index.NumTiers {
+			return fmt.Errorf("kvpipe: source worker %q: op %d has kind %d, tier %d: none of its ops applied", worker, i, op.Kind, op.Tier)
+		}
+	}
+	for len(ops) > 0 {
+		w, err := f.worker(worker)
+		if err != nil {
+			return err
+		}
+		n, err := f.send(ctx, w, partial, ops)
+		f.p.feeding.Done()
+		if err != nil {
+			return err
+		}
+		ops = ops[n:]
+	}
+	return nil
+}
+
+// send queues ops for w up to and with the first OpRemoveWorker, and
+// returns how many that was.
+func (f *Feed) send(ctx context.Context, w *worker, partial bool, ops []index.Op) (int, error) {
+	n := len(ops)
+	for i, op := range ops {
+		if op.Kind == index.OpRemoveWorker {
+			n = i + 1
+			break
+		}
+	}
+	queue := f.p.read.shards.Load().Queue(w.id)
+	for part := ops[:n]; len(part) > 0; part = part[min(len(part), maxFedOps):] {
+		b := &index.Batch{Worker: w.id, Ops: append([]index.Op(nil), part[:min(len(part), maxFedOps)]...), Held: &w.fed.tierBlocks}
+		select {
+		case queue <- b:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+		for _, op := range b.Ops {
+			w.fed.count(op)
+		}
+		w.fed.batches.Add(1)
+	}
+	if ops[n-1].Kind == index.OpRemoveWorker {
+		f.drop(w)
+	} else {
+		w.fed.partial.Store(partial)
+	}
+	return n, nil
+}
+
+// maxFedOps bounds a fed batch, as the actor bounds its own.
+const maxFedOps = 256
+
+// BlockSize is the pipeline's router block size.
+func (f *Feed) BlockSize() int { return f.p.cfg.BlockSize }
+
+// worker returns the Source's worker of that name, made on first use,
+// with p.feeding counting the caller in (the shards stay open until Done).
+func (f *Feed) worker(name string) (*worker, error) {
+	p := f.p
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.phase != running {
+		return nil, ErrClosed
+	}
+	if w, ok := p.workers[name]; ok {
+		if w.fed == nil {
+			return nil, fmt.Errorf("kvpipe: source worker %q: an engine worker has that name", name)
+		}
+		p.feeding.Add(1)
+		return w, nil
+	}
+	if name == "" {
+		return nil, errors.New("kvpipe: source worker name must not be empty")
+	}
+	if p.leaving[name] {
+		return nil, fmt.Errorf("kvpipe: source worker %q: an engine worker of that name is being removed", name)
+	}
+	p.feeding.Add(1)
+	w := &worker{name: name, id: p.nextID, fed: new(fedWorker)}
+	w.fed.partial.Store(true) // until its ops say otherwise
+	p.nextID++
+	p.workers[name] = w
+	p.publish()
+	return w, nil
+}
+
+// drop forgets a Source's worker once its OpRemoveWorker is queued.
+func (f *Feed) drop(w *worker) {
+	p := f.p
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.workers[w.name] == w {
+		delete(p.workers, w.name)
+		p.publish()
+	}
+}

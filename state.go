@@ -1,0 +1,241 @@
+package kvpipe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/snapshot"
+	"github.com/kvpipe/kvpipe/wire"
+)
+
+// A Store keeps a pipeline's newest saved state (SaveSnapshot,
+// LoadSnapshot): a FileStore, or a relay's object store.
+type Store interface {
+	// Save replaces the kept state with data, whole or not at all.
+	Save(ctx context.Context, data []byte) error
+	// Load appends the kept state's bytes to dst and returns the result;
+	// its error wraps ErrNoSnapshot when none has been saved.
+	Load(ctx context.Context, dst []byte) ([]byte, error)
+}
+
+// ErrNoSnapshot: the Store holds no saved state.
+var ErrNoSnapshot = snapshot.ErrNotFound
+
+// FileStore is a Store in one file at Path, replaced atomically and
+// durably by each Save, private to its owner (mode 0600).
+type FileStore struct {
+	Path string
+	// MaxSize bounds the file Load reads (default 16 GiB, some 600 M
+	// blocks): a wrong path must fail with an error, not take the
+	// process's memory.
+	MaxSize int64
+}
+
+// Save writes data to f.Path atomically and durably.
+func (f FileStore) Save(ctx context.Context, data []byte) error {
+	return snapshot.File(f).Save(ctx, data)
+}
+
+// Load appends the file's bytes to dst.
+func (f FileStore) Load(ctx context.Context, dst []byte) ([]byte, error) {
+	return snapshot.File(f).Load(ctx, dst)
+}
+
+// LoadSnapshot reads and checks the state st keeps, for Restore.
+func LoadSnapshot(ctx context.Context, st Store) (*snapshot.Snapshot, error) {
+	s := new(snapshot.Snapshot)
+	if _, err := snapshot.Load(ctx, st, s, nil); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// SaveSnapshot takes a Snapshot and saves it in st.
+func (p *Pipeline) SaveSnapshot(ctx context.Context, st Store) error {
+	var s snapshot.Snapshot
+	if err := p.Snapshot(ctx, &s); err != nil {
+		return err
+	}
+	_, err := snapshot.Save(ctx, st, &s, nil)
+	return err
+}
+
+// Snapshot fills dst with the state of every engine worker, reusing dst's
+// slices. Each worker's part is taken in its own goroutine between two
+// batches, so that its entries, last seq and fingerprint agree. It waits for
+// a worker in the middle of a replay or a restart, until ctx ends, and then
+// fails whole (try again later: a worker's old state is better than none);
+// a worker removed meanwhile is left out, and ErrClosed returned when the
+// pipeline stops meanwhile. A Source's workers are not in it: their state
+// is their stream's. It must not be called from Observe or a Tap, which
+// run in the goroutines it waits for.
+func (p *Pipeline) Snapshot(ctx context.Context, dst *snapshot.Snapshot) error {
+	list, waiting, runCtx, err := p.snapshotWorkers()
+	if err != nil {
+		return err
+	}
+	*dst = snapshot.Snapshot{Version: snapshot.Version, BlockSize: p.cfg.BlockSize, KeySeed: index.Seed, Created: time.Now().UnixNano(),
+		Workers: growWorkers(dst.Workers, len(list))}
+	taken := make([]bool, len(list))
+	errs := make([]error, len(list))
+	var wg sync.WaitGroup
+	for i, w := range list {
+		wg.Go(func() { taken[i], errs[i] = w.capture(ctx, p.cfg.Tap, &dst.Workers[i]) })
+	}
+	wg.Wait()
+	if runCtx.Err() != nil { // stopping: workers left for that, not for a removal
+		return ErrClosed
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("kvpipe: snapshot: %w", err)
+	}
+	n := 0 // keep the workers taken, in order
+	for i := range dst.Workers {
+		if taken[i] {
+			dst.Workers[n], dst.Workers[i] = dst.Workers[i], dst.Workers[n]
+			n++
+		}
+	}
+	dst.Workers = append(dst.Workers[:n], waiting...)
+	return nil
+}
+
+// snapshotWorkers returns the engine workers running, copies of the
+// restored ones not added yet (a snapshot taken meanwhile must not lose
+// them), and Run's context.
+func (p *Pipeline) snapshotWorkers() (list []*worker, waiting []snapshot.Worker, runCtx context.Context, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch p.phase {
+	case idle:
+		return nil, nil, nil, ErrNotRunning
+	case draining, closed:
+		return nil, nil, nil, ErrClosed
+	}
+	for _, w := range *p.read.list.Load() {
+		if w.fed == nil && w.done != nil {
+			list = append(list, w)
+		}
+	}
+	waiting = make([]snapshot.Worker, 0, len(p.restored))
+	for _, ws := range p.restored {
+		waiting = append(waiting, ws.Clone())
+	}
+	return list, waiting, p.runCtx, nil
+}
+
+// capture takes w's part of a snapshot into ws, in w's goroutine. It
+// reports false for a worker removed meanwhile, left out.
+func (w *worker) capture(ctx context.Context, tap Tap, ws *snapshot.Worker) (bool, error) {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(w.ctx, cancel)() // removed meanwhile: leave it out
+	taken := false
+	var flushErr error
+	err := w.sub.Checkpoint(wctx, func(pos wire.Position) {
+		w.actor.Load().Export(ws)
+		ws.Name = append(ws.Name[:0], w.name...)
+		ws.HasSeq, ws.Seq, ws.Fingerprint = pos.Known, pos.Seq, pos.Fingerprint
+		if tap != nil {
+			// Nothing is tapped while this runs: what Flush returns covers
+			// exactly the state just captured.
+			if ws.StreamSeq, flushErr = tap.Flush(wctx, w.name); flushErr != nil {
+				return
+			}
+		}
+		taken = true
+	})
+	switch {
+	case flushErr != nil && w.ctx.Err() == nil:
+		return false, fmt.Errorf("worker %q: %w", w.name, flushErr)
+	case ctx.Err() != nil:
+		return taken, err
+	}
+	return taken, nil
+}
+
+// Republish makes a worker hand the Tap its whole state again, from its
+// own goroutine: a clear, then a store of every block it is indexed in, in
+// parts of a shard batch's size (actor.Republish). A relay whose stream
+// holds a worker's messages out of order starts a true copy again from
+// there, and the worker stays whole. It returns once the parts are
+// tapped, or with ctx's error.
+func (p *Pipeline) Republish(ctx context.Context, name string) error {
+	if p.cfg.Tap == nil {
+		return errors.New("kvpipe: Republish needs a Tap")
+	}
+	p.mu.Lock()
+	w, ok := p.workers[name]
+	var wCtx context.Context
+	if ok {
+		wCtx = w.ctx // written under p.mu when the worker starts
+	}
+	p.mu.Unlock()
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: %q", ErrNoWorker, name)
+	case w.fed != nil:
+		return fmt.Errorf("kvpipe: worker %q is the Source's", name)
+	case wCtx == nil:
+		return fmt.Errorf("%w: worker %q has not started", ErrNotRunning, name)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(wCtx, cancel)()
+	var scratch snapshot.Worker
+	done := false
+	err := w.sub.Checkpoint(wctx, func(wire.Position) {
+		w.actor.Load().Republish(&scratch)
+		done = true
+	})
+	if err == nil && !done {
+		err = errors.New("kvpipe: republish: the worker stopped first")
+	}
+	if err != nil {
+		return fmt.Errorf("kvpipe: republish %q: %w", name, err)
+	}
+	return nil
+}
+
+// growWorkers returns ws with length n, reusing its elements' slices.
+func growWorkers(ws []snapshot.Worker, n int) []snapshot.Worker {
+	if cap(ws) < n {
+		ws = append(ws[:cap(ws)], make([]snapshot.Worker, n-cap(ws))...)
+	}
+	return ws[:n]
+}
+
+// Restore makes the workers named in s start from it: their entries are
+// rebuilt from its mapping, and each one's continuity is proven from its
+// last seq through its engine's replay endpoint (a worker whose continuity
+// cannot be proven is resynced, as on any reconnect); until proven, a
+// worker's restored entries stay out of answers and it is partial. It must
+// be called before Run, and s is checked whole first: on an error nothing
+// of it is used. The pipeline keeps a copy of each worker until it is
+// added (also after Run), and Snapshot includes those not added yet.
+func (p *Pipeline) Restore(s *snapshot.Snapshot) error {
+	if err := s.Check(); err != nil {
+		return fmt.Errorf("kvpipe: restore: %w", err)
+	}
+	if s.BlockSize != p.cfg.BlockSize {
+		return fmt.Errorf("kvpipe: restore: the snapshot's block size is %d, the pipeline's %d", s.BlockSize, p.cfg.BlockSize)
+	}
+	if s.KeySeed != index.Seed {
+		return fmt.Errorf("kvpipe: restore: the snapshot's keys are hashed with seed %d, this kvpipe's with %d", s.KeySeed, index.Seed)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.phase != idle {
+		return errors.New("kvpipe: restore: the pipeline has started")
+	}
+	p.restored = make(map[string]*snapshot.Worker, len(s.Workers))
+	for i := range s.Workers {
+		c := s.Workers[i].Clone()
+		p.restored[string(c.Name)] = &c
+	}
+	return nil
+}
