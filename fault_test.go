@@ -733,6 +733,7 @@ func TestFault(t *testing.T) {
 	t.Run("LossDuringOutage", func(t *testing.T) { faultLossDuringOutage(t, mode) })
 	t.Run("LateJoin", func(t *testing.T) { faultLateJoin(t, mode) })
 	t.Run("FirstBatchesAfterConnect", func(t *testing.T) { faultFirstBatchesAfterConnect(t, mode) })
+	t.Run("RestartKeptCache", func(t *testing.T) { faultRestartKeptCache(t, mode) })
 }
 
 // Scenario 1. Engines publish at a steady rate, with a burst of drops now
@@ -1496,4 +1497,76 @@ func faultFirstBatchesAfterConnect(t *testing.T, mode faultParams) {
 	t.Logf("converged %v after the last batch", took.Round(time.Millisecond))
 	w.logStats(e)
 	w.delivery(false)
+}
+
+// restartKeepingCache restarts the publisher alone: its cache survives (an
+// offload tier that outlives the process, or a publisher restarted by
+// itself), so the new incarnation, from seq 0, builds on blocks the old one
+// stored.
+func (e *faultEngine) restartKeepingCache() {
+	cache := e.cache
+	e.restart()
+	e.cache = cache
+}
+
+// Scenario 6. An engine's publisher restarts and its cache survives. The
+// new incarnation starts at seq 0, but its stores name parents only the old
+// one told of: they are left out, and the worker must say it is partial
+// (its index lacks blocks the engine holds) until the engine clears its
+// cache; nothing it lacks may match.
+func faultRestartKeptCache(t *testing.T, mode faultParams) {
+	seed := faultSeed(t)
+	t.Logf("seed %d (KVPIPE_FAULT_SEED)", seed)
+	w := newFaultWorld(t, faultWire(), 1)
+	e := newFaultEngine(t, 0, seed, faultEngineOpts{bufferSteps: 20000, capacity: 600, requests: 400})
+	w.addWarm(e)
+	for range 60 {
+		e.step(false)
+	}
+	w.converge("before the restart", mode.converge, func() error { return w.exact(nil) })
+	if w.stats(e).Actor.Partial {
+		t.Fatal("partial before the restart, with the whole history applied")
+	}
+	base := w.stats(e).Wire.Batches // Batches counts every incarnation's; e.sent this one's
+	e.restartKeepingCache()
+	e.next = 0 // the trace again: its prefixes are cached
+	for range 60 {
+		e.step(false)
+	}
+	w.converge("the new incarnation applied", mode.converge, func() error {
+		st := w.stats(e)
+		if st.Wire.Restarts != 1 || st.Wire.Batches < base+e.sent {
+			return fmt.Errorf("restarts %d, %d batches delivered", st.Wire.Restarts, st.Wire.Batches)
+		}
+		if st.Actor.UnknownParent == 0 {
+			return errors.New("no store under an unknown parent yet")
+		}
+		return nil
+	})
+	st := w.stats(e)
+	if !st.Actor.Partial {
+		t.Errorf("the new incarnation stored %d events under parents the index never saw, and the worker does not say it is partial", st.Actor.UnknownParent)
+	}
+	for ext, key := range e.keys {
+		hs, err := w.holders(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if hs[e.name] && !e.cache.Holds(ext) {
+			t.Errorf("block %x matches, the engine does not hold it", ext)
+		}
+	}
+	// A cache clear makes it whole again.
+	e.pub.Publish(codec.AppendBatch(nil, &codec.Batch{TS: faultNow(), Events: []codec.Event{e.cache.Clear()}}, codec.CurrentVLLM))
+	e.sent++
+	for range 10 {
+		e.step(false)
+	}
+	w.converge("whole after a clear", mode.converge, func() error {
+		if w.stats(e).Actor.Partial {
+			return errors.New("still partial")
+		}
+		return w.exact(func(e *faultEngine, st WorkerStats) bool { return st.Wire.Batches == base+e.sent })
+	})
+	w.logStats(e)
 }

@@ -170,8 +170,11 @@ func (m *mapping) store(e *codec.Event, t index.Tier, k int) {
 		if !ok {
 			// Its key chains through blocks this worker never told us of
 			// (history lost, or the router joined late): no prompt could
-			// hash to a key made up here, so the blocks stay out.
+			// hash to a key made up here, so the blocks stay out. The
+			// engine holds that parent, and the index lacks it: the worker
+			// is partial until a cache clear (FORMAT.md §9).
 			m.stats.UnknownParent.Add(1)
+			m.stats.Partial.Store(true)
 			return
 		}
 		if t == index.TierDevice {
