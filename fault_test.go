@@ -64,6 +64,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/faultproxy"
@@ -462,10 +463,16 @@ func faultWire() wire.Options {
 
 func newFaultWorld(t *testing.T, wcfg wire.Options, shards int) *faultWorld {
 	t.Helper()
+	return newFaultWorldConfig(t, Config{Shards: shards, Subscriber: wcfg})
+}
+
+// newFaultWorldConfig is newFaultWorld with more of the pipeline's Config.
+func newFaultWorldConfig(t *testing.T, cfg Config) *faultWorld {
+	t.Helper()
 	reg := prometheus.NewRegistry()
 	w := &faultWorld{t: t, reg: reg, byName: map[string]*faultEngine{}, last: map[string]faultDelivery{},
 		jumps: map[string]int{}, starts: map[string][]faultDelivery{}, decoder: codec.NewDecoder()}
-	cfg := Config{BlockSize: faultBlockSize, Shards: shards, Subscriber: wcfg, Observe: w.observe}
+	cfg.BlockSize, cfg.Observe = faultBlockSize, w.observe
 	if os.Getenv("KVPIPE_FAULT_LOG") == "1" { // the pipeline's warnings, for a failure's story
 		cfg.Logger = slog.New(slog.NewTextHandler(faultLogWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
@@ -734,6 +741,7 @@ func TestFault(t *testing.T) {
 	t.Run("LateJoin", func(t *testing.T) { faultLateJoin(t, mode) })
 	t.Run("FirstBatchesAfterConnect", func(t *testing.T) { faultFirstBatchesAfterConnect(t, mode) })
 	t.Run("RestartKeptCache", func(t *testing.T) { faultRestartKeptCache(t, mode) })
+	t.Run("BlockCap", func(t *testing.T) { faultBlockCap(t, mode) })
 }
 
 // Scenario 1. Engines publish at a steady rate, with a burst of drops now
@@ -1567,6 +1575,66 @@ func faultRestartKeptCache(t *testing.T, mode faultParams) {
 			return errors.New("still partial")
 		}
 		return w.exact(func(e *faultEngine, st WorkerStats) bool { return st.Wire.Batches == base+e.sent })
+	})
+	w.logStats(e)
+}
+
+// Scenario 7. An engine stores and never removes (its cache is far larger
+// than the worker's block cap). Past MaxWorkerBlocks the worker's new blocks
+// are refused, counted as block_cap, and it is partial; what it holds stays
+// sound and within the cap, and a cache clear makes it whole again.
+func faultBlockCap(t *testing.T, mode faultParams) {
+	seed := faultSeed(t)
+	t.Logf("seed %d (KVPIPE_FAULT_SEED)", seed)
+	const maxBlocks = 200
+	w := newFaultWorldConfig(t, Config{Shards: 1, Subscriber: faultWire(), MaxWorkerBlocks: maxBlocks})
+	e := newFaultEngine(t, 0, seed, faultEngineOpts{bufferSteps: 20000, capacity: 100_000, requests: 400})
+	w.addWarm(e)
+	for e.cache.Len() < 3*maxBlocks {
+		e.step(false)
+	}
+	w.converge("past the cap", mode.converge, func() error {
+		st := w.stats(e)
+		if st.Wire.Batches < e.sent {
+			return fmt.Errorf("%d of %d batches delivered", st.Wire.Batches, e.sent)
+		}
+		return nil
+	})
+	st := w.stats(e)
+	if got := st.Actor.Filtered[actor.BlockCap]; got == 0 {
+		t.Errorf("the engine caches %d blocks, the cap is %d, and no store was refused", e.cache.Len(), maxBlocks)
+	}
+	if st.Actor.IndexedBlocks > maxBlocks {
+		t.Errorf("IndexedBlocks = %d, past the cap of %d", st.Actor.IndexedBlocks, maxBlocks)
+	}
+	if !st.Actor.Partial {
+		t.Error("stores were refused and the worker does not say it is partial")
+	}
+	if n := w.gauge("kvpipe_index_nodes"); n > maxBlocks {
+		t.Errorf("the index holds %v blocks, past the cap of %d", n, maxBlocks)
+	}
+	if got := w.gauge("kvpipe_filtered_events_total"); got == 0 {
+		t.Error("no filtered event in the metrics")
+	}
+	for ext, key := range e.keys {
+		hs, err := w.holders(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if hs[e.name] && !e.cache.Holds(ext) {
+			t.Errorf("block %x matches, the engine does not hold it", ext)
+		}
+	}
+	e.pub.Publish(codec.AppendBatch(nil, &codec.Batch{TS: faultNow(), Events: []codec.Event{e.cache.Clear()}}, codec.CurrentVLLM))
+	e.sent++
+	for range 5 {
+		e.step(false)
+	}
+	w.converge("whole after a clear", mode.converge, func() error {
+		if w.stats(e).Actor.Partial {
+			return errors.New("still partial")
+		}
+		return w.exact(func(e *faultEngine, st WorkerStats) bool { return st.Wire.Batches == e.sent })
 	})
 	w.logStats(e)
 }

@@ -173,7 +173,7 @@ func (p *Pipeline) start(w *worker) {
 // runs in w's goroutine, before its subscriber.
 func (w *worker) prepare(ctx context.Context, cfg *Config, shard chan<- *index.Batch, from *snapshot.Worker) {
 	ac := actor.Config{Worker: w.id, Name: w.name, BlockSize: cfg.BlockSize,
-		Shard: shard, Backpressure: actor.Backpressure(cfg.Backpressure), Weights: cfg.TierWeights,
+		Shard: shard, Backpressure: actor.Backpressure(cfg.Backpressure), Weights: cfg.TierWeights, MaxBlocks: cfg.MaxWorkerBlocks,
 		Done: ctx.Done(), Logger: cfg.Logger}
 	if tap := cfg.Tap; tap != nil {
 		ac.Publish = func(ops []index.Op, o actor.Origin) uint64 { return tap.Ops(ctx, w.name, ops, o) }

@@ -37,6 +37,13 @@ type Config struct {
 	// weighted 0 is not indexed, its events filtered as LowerTier. The zero
 	// value means index.DefaultWeights.
 	Weights index.Weights
+	// MaxBlocks bounds the engine blocks the worker's mapping holds (each
+	// in any tiers, and k router blocks when an engine block spans k of
+	// the router's), so that an engine that stores without removing cannot
+	// grow the router without limit. Past it, a store's new blocks are
+	// refused (the event counted as BlockCap) and the worker is partial
+	// until a clear. 0 means DefaultMaxBlocks.
+	MaxBlocks int
 	// Done, when closed, abandons a send the shard is not taking: the worker
 	// is stopping, and its entries go with it.
 	Done   <-chan struct{}
@@ -47,6 +54,12 @@ type Config struct {
 	// only valid during the call.
 	Publish func(ops []index.Op, o Origin) uint64
 }
+
+// DefaultMaxBlocks is Config.MaxBlocks' default: 4 Mi engine blocks, 64 M
+// tokens at 16 per block. A 141 GB accelerator holds about a million tokens
+// of an 8B model's KV cache, a host tier of 2 TB some 16 M, so no real
+// engine comes near it.
+const DefaultMaxBlocks = 1 << 22
 
 // Origin says where a batch of ops came from, for Config.Publish.
 type Origin struct {
@@ -98,11 +111,14 @@ func New(cfg Config) *Actor {
 	if cfg.Done == nil {
 		cfg.Done = make(chan struct{}) // never closed
 	}
+	if cfg.MaxBlocks <= 0 {
+		cfg.MaxBlocks = DefaultMaxBlocks
+	}
 	if cfg.Weights == (index.Weights{}) {
 		cfg.Weights = index.DefaultWeights
 	}
 	a := &Actor{cfg: cfg, decoder: codec.NewDecoder(), warn: pace.NewWarner(cfg.Logger, "kvpipe/actor: "), fresh: true}
-	a.m = mapping{routerOf: make(map[uint64]block), out: &a.out, stats: &a.stats}
+	a.m = mapping{routerOf: make(map[uint64]block), out: &a.out, stats: &a.stats, max: cfg.MaxBlocks}
 	a.out = outbox{cfg: &a.cfg, stats: &a.stats, free: make(chan *index.Batch, cap(cfg.Shard)+2), dropped: a.m.dropped}
 	a.groups = groups{main: make(map[int]bool), weights: &a.cfg.Weights}
 	a.stats.Partial.Store(true)
@@ -286,7 +302,11 @@ func (a *Actor) store(e *codec.Event) {
 		a.m.retier(e, t)
 		return
 	}
-	a.m.store(e, t, k)
+	if !a.m.store(e, t, k) {
+		a.stats.Filtered[BlockCap].Add(1)
+		a.stats.Partial.Store(true) // the engine holds what was refused
+		a.warn.Warn("worker holds MaxBlocks blocks: new blocks refused", "worker", a.cfg.Name, "max", a.cfg.MaxBlocks)
+	}
 }
 
 // split returns how many router blocks each engine block of size bs makes,

@@ -17,10 +17,11 @@ const (
 	UnknownMedium                   // a medium this version does not know
 	UnknownEvent                    // a tag this version does not know
 	BlockSizeMismatch               // a block size the router cannot split into its own
+	BlockCap                        // the worker holds Config.MaxBlocks blocks: its new blocks are refused
 	NumReasons
 )
 
-var reasonNames = [NumReasons]string{"partial_block", "non_main_attention", "unlearned_group", "lower_tier", "unknown_medium", "unknown_event", "block_size"}
+var reasonNames = [NumReasons]string{"partial_block", "non_main_attention", "unlearned_group", "lower_tier", "unknown_medium", "unknown_event", "block_size", "block_cap"}
 
 func (r Reason) String() string { return reasonNames[r] }
 
