@@ -742,6 +742,7 @@ func TestFault(t *testing.T) {
 	t.Run("FirstBatchesAfterConnect", func(t *testing.T) { faultFirstBatchesAfterConnect(t, mode) })
 	t.Run("RestartKeptCache", func(t *testing.T) { faultRestartKeptCache(t, mode) })
 	t.Run("BlockCap", func(t *testing.T) { faultBlockCap(t, mode) })
+	t.Run("DropFlood", func(t *testing.T) { faultDropFlood(t, mode) })
 }
 
 // Scenario 1. Engines publish at a steady rate, with a burst of drops now
@@ -1637,4 +1638,110 @@ func faultBlockCap(t *testing.T, mode faultParams) {
 		return w.exact(func(e *faultEngine, st WorkerStats) bool { return st.Wire.Batches == e.sent })
 	})
 	w.logStats(e)
+}
+
+// Scenario 8. Engines flood a pipeline with Drop backpressure and a shard
+// queue of one batch, so that workers drop batches, removes among them.
+// Whatever the index cannot account for after a drop must go: once the
+// flood has been delivered, no worker may hold a block its engine does not
+// (every block any engine ever stored is checked, not a sample), though it
+// may lack some, and then say it is partial.
+func faultDropFlood(t *testing.T, mode faultParams) {
+	seed := faultSeed(t)
+	t.Logf("seed %d (KVPIPE_FAULT_SEED)", seed)
+	w := newFaultWorldConfig(t, Config{Shards: 1, ShardQueue: 1, Backpressure: Drop, Subscriber: faultWire()})
+	engines := 2 * mode.floodEngines
+	for i := range engines {
+		w.addWarm(newFaultEngine(t, i, seed, faultEngineOpts{bufferSteps: mode.floodBatches + 100, capacity: 300, requests: mode.floodBatches}))
+	}
+	for round := range 3 {
+		var wg sync.WaitGroup
+		for _, e := range w.engines {
+			run := make([][]byte, mode.floodBatches/3)
+			for i := range run {
+				run[i] = e.prepare()
+			}
+			wg.Go(func() {
+				for _, b := range run {
+					e.send(b, false)
+				}
+			})
+		}
+		wg.Wait()
+		took := w.converge(fmt.Sprintf("round %d: no extra holder", round), mode.converge, func() error {
+			for _, e := range w.engines {
+				if st := w.stats(e); st.Wire.Batches+st.Wire.Lost < e.sent {
+					return fmt.Errorf("%s: %d of %d batches delivered", e.name, st.Wire.Batches, e.sent)
+				}
+			}
+			if err := w.noExtraHolders(); err != nil {
+				return err
+			}
+			return w.noneStale()
+		})
+		t.Logf("round %d: sound %v after the flood", round, took.Round(time.Millisecond))
+	}
+	var dropped uint64
+	for _, e := range w.engines {
+		w.logStats(e)
+		st := w.stats(e)
+		dropped += st.Actor.DroppedBatches
+		if st.Actor.DroppedBatches > 0 && st.Actor.IndexedBlocks < int64(e.cache.Len()) && !st.Actor.Partial {
+			t.Errorf("%s: dropped %d batches, holds %d of %d blocks, and does not say it is partial",
+				e.name, st.Actor.DroppedBatches, st.Actor.IndexedBlocks, e.cache.Len())
+		}
+	}
+	if dropped == 0 {
+		t.Errorf("no batch dropped: the scenario proves nothing")
+	}
+	t.Logf("%d batches dropped by the workers", dropped)
+}
+
+// noExtraHolders reports a block some worker holds in the index and its
+// engine does not, of every block any engine stored; and a worker that
+// counts more blocks than its engine caches.
+func (w *faultWorld) noExtraHolders() error {
+	for _, e := range w.engines {
+		if got := w.stats(e).Actor.IndexedBlocks; got > int64(e.cache.Len()) {
+			return fmt.Errorf("%s: IndexedBlocks = %d, the engine caches %d", e.name, got, e.cache.Len())
+		}
+		extra := 0
+		for ext, key := range e.keys {
+			hs, err := w.holders(key)
+			if err != nil {
+				return err
+			}
+			for name := range hs {
+				if name != e.name || !e.cache.Holds(ext) {
+					extra++
+				}
+			}
+		}
+		if extra > 0 {
+			return fmt.Errorf("%s: %d blocks held in the index by a worker whose engine does not hold them", e.name, extra)
+		}
+	}
+	// Answers leave out a worker that owes a clear: the index itself, too,
+	// must hold no more than the engines.
+	total := 0
+	for _, e := range w.engines {
+		total += e.cache.Len()
+	}
+	if nodes := w.gauge("kvpipe_index_nodes"); nodes > float64(total) {
+		return fmt.Errorf("the index holds %v blocks, the engines cache %d", nodes, total)
+	}
+	return nil
+}
+
+// noneStale reports a worker that still owes the index the clear of a
+// dropped batch, and so is left out of answers.
+func (w *faultWorld) noneStale() error {
+	w.p.mu.Lock()
+	defer w.p.mu.Unlock()
+	for name, wk := range w.p.workers {
+		if wk.stale() {
+			return fmt.Errorf("%s owes its shard a clear: it is left out of answers", name)
+		}
+	}
+	return nil
 }

@@ -78,7 +78,9 @@ const (
 	// Block waits for the shard, and so stops reading the engine's socket:
 	// the loss, if any, shows as a seq gap, which replay recovers.
 	Block Backpressure = Backpressure(actor.Block)
-	// Drop discards the batch, counts it, and resyncs the worker.
+	// Drop discards the batch, counts it, and resyncs the worker: its
+	// entries are cleared with the next batch its shard takes, and it is
+	// left out of answers until then.
 	Drop Backpressure = Backpressure(actor.Drop)
 )
 

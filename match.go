@@ -114,7 +114,9 @@ func (p *Pipeline) AppendMatches(ctx context.Context, dst []Match, keys []uint64
 	p.latency.observe(time.Since(start))
 	names := *p.names.Load()
 	for _, sc := range scores {
-		if w, ok := names[sc.Worker]; ok { // a worker removed meanwhile is left out
+		// A worker removed meanwhile is left out, and so is one whose
+		// entries may be stale (a batch dropped, its clear not yet queued).
+		if w, ok := names[sc.Worker]; ok && !w.stale() {
 			dst = append(dst, Match{Worker: w.name, Blocks: sc.Blocks, Tiers: sc.Tiers, Score: sc.Weighted(p.cfg.TierWeights),
 				Partial: w.partial()})
 		}

@@ -39,6 +39,16 @@ func (w *worker) partial() bool {
 	return a != nil && a.Partial()
 }
 
+// stale reports that w's entries may hold blocks its engine no longer holds
+// (actor.Actor.Stale): answers leave it out.
+func (w *worker) stale() bool {
+	if w.fed != nil {
+		return false
+	}
+	a := w.actor.Load()
+	return a != nil && a.Stale()
+}
+
 // member is w's name in the supervisor's group.
 func (w *worker) member() string { return "worker " + w.name }
 

@@ -3,6 +3,7 @@ package actor
 import (
 	"context"
 	"log/slog"
+	"sync/atomic"
 
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
@@ -18,7 +19,8 @@ const (
 	// if any, then shows upstream as a seq gap, which wire recovers.
 	Block Backpressure = iota
 	// Drop discards the batch's ops, counts them, and resyncs the worker in
-	// the index (its entries cleared) with the next batch that gets through.
+	// the index (its entries cleared) with the next batch that gets through,
+	// or alone once the shard has room (HandleIdle); Stale until then.
 	Drop
 )
 
@@ -92,7 +94,8 @@ type Actor struct {
 	out     outbox  // the ops on their way to the shard
 	groups  groups  // the filter's learned attention groups
 	warn    *pace.Warner
-	fresh   bool // no batch since the start or the last reset
+	fresh   bool        // no batch since the start or the last reset
+	stale   atomic.Bool // the outbox owes the index a clear (Stale)
 
 	snapBlocks []codec.SnapshotBlock // reused across chunks
 	snapWhole  bool                  // the engine snapshot being applied mapped every block so far
@@ -119,7 +122,7 @@ func New(cfg Config) *Actor {
 	}
 	a := &Actor{cfg: cfg, decoder: codec.NewDecoder(), warn: pace.NewWarner(cfg.Logger, "kvpipe/actor: "), fresh: true}
 	a.m = mapping{routerOf: make(map[uint64]block), out: &a.out, stats: &a.stats, max: cfg.MaxBlocks}
-	a.out = outbox{cfg: &a.cfg, stats: &a.stats, free: make(chan *index.Batch, cap(cfg.Shard)+2), dropped: a.m.dropped}
+	a.out = outbox{cfg: &a.cfg, stats: &a.stats, free: make(chan *index.Batch, cap(cfg.Shard)+2), dropped: a.m.dropped, stale: &a.stale}
 	a.groups = groups{main: make(map[int]bool), weights: &a.cfg.Weights}
 	a.stats.Partial.Store(true)
 	return a
@@ -132,7 +135,18 @@ func (a *Actor) Stats() Stats { return a.stats.load() }
 // the read path.
 func (a *Actor) Partial() bool { return a.stats.Partial.Load() }
 
+// Stale reports that the index may hold blocks of this worker that its
+// engine no longer holds: a batch was dropped (Drop backpressure), and the
+// clear that makes up for it has not reached the shard's queue yet. A
+// reader leaves the worker out of answers meanwhile.
+func (a *Actor) Stale() bool { return a.stale.Load() }
+
 var _ wire.Handler = (*Actor)(nil)
+
+// HandleIdle sends what the actor owes its shard while no batch comes: the
+// clear a dropped batch left owed (the shard had no room for it then). It
+// reports whether that is still owed, so that the caller asks again.
+func (a *Actor) HandleIdle() bool { return a.out.settle() }
 
 // HandleBatch decodes one batch, filters and converts its events, and sends
 // the resulting ops to the shard.

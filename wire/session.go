@@ -26,6 +26,10 @@ type session struct {
 	tail        *time.Timer
 	tailing     bool
 	tailBackoff pace.Backoff
+	// owed retries what the handler held back (HandleIdle) while no batch
+	// comes to carry it.
+	owed        *time.Timer
+	owedBackoff pace.Backoff
 }
 
 // serve handles one socket's messages until it fails, idles out or ctx
@@ -54,6 +58,11 @@ func (s *Subscriber) serve(ctx context.Context, sub *zsock.Receiver, h Handler) 
 		c.tail.Stop()
 	}
 	c.tailBackoff = pace.Backoff{Min: s.cfg.TailCheck, Max: max(s.cfg.ReconnectMax, s.cfg.TailCheck)}
+	c.owed = time.NewTimer(time.Hour)
+	c.owed.Stop()
+	defer c.owed.Stop()
+	c.owedBackoff = pace.Backoff{Min: 10 * time.Millisecond, Max: time.Second}
+	c.handIdle()
 	return c.loop(ctx)
 }
 
@@ -98,6 +107,9 @@ func (c *session) loop(ctx context.Context) error {
 			if err := c.tailCheck(ctx); err != nil {
 				return err
 			}
+			c.handIdle()
+		case <-c.owed.C:
+			c.handIdle()
 		case m, ok := <-c.sub.Msgs:
 			if !ok {
 				return c.sub.Err()
@@ -114,8 +126,21 @@ func (c *session) loop(ctx context.Context) error {
 					return err
 				}
 			}
+			if len(c.sub.Msgs) == 0 {
+				c.handIdle()
+			}
 		}
 	}
+}
+
+// handIdle lets the handler hand on what it held back, now that no batch
+// waits, and asks again later while it still holds some.
+func (c *session) handIdle() {
+	if !c.h.HandleIdle() {
+		c.owedBackoff.Reset()
+		return
+	}
+	c.owed.Reset(c.owedBackoff.Next())
 }
 
 // tailCheck asks the engine for anything after the last batch, after a

@@ -130,6 +130,11 @@ type Handler interface {
 	HandleEngineSnapshotBegin()
 	HandleEngineSnapshot(chunk []byte)
 	HandleEngineSnapshotEnd(ok bool)
+	// HandleIdle is called when no live batch waits: a handler that held
+	// work back (an actor whose shard had no room) hands it on now. It
+	// reports whether some is still held; it is then called again after a
+	// short wait, backing off, while the connection lasts.
+	HandleIdle() (held bool)
 }
 
 // Stats are what one Subscriber saw, as of one call of Stats.
