@@ -53,6 +53,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
+	"log"
 	"log/slog"
 	"math"
 	"math/rand/v2"
@@ -61,9 +63,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/go-zeromq/zmq4"
 	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
@@ -743,6 +747,7 @@ func TestFault(t *testing.T) {
 	t.Run("RestartKeptCache", func(t *testing.T) { faultRestartKeptCache(t, mode) })
 	t.Run("BlockCap", func(t *testing.T) { faultBlockCap(t, mode) })
 	t.Run("DropFlood", func(t *testing.T) { faultDropFlood(t, mode) })
+	t.Run("GarbageReplay", func(t *testing.T) { faultGarbageReplay(t, mode) })
 }
 
 // Scenario 1. Engines publish at a steady rate, with a burst of drops now
@@ -1744,4 +1749,121 @@ func (w *faultWorld) noneStale() error {
 		}
 	}
 	return nil
+}
+
+// garbageRouter is a replay endpoint that answers every request with four
+// malformed replies, and how many requests it got.
+func garbageRouter(t *testing.T) (string, *atomic.Int64) {
+	t.Helper()
+	ep := ztest.FreeTCP(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	router := zmq4.NewRouter(ctx, zmq4.WithLogger(log.New(io.Discard, "", 0)))
+	if err := router.Listen(ep); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	var asked atomic.Int64
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			req, err := router.Recv()
+			if err != nil {
+				return
+			}
+			asked.Add(1)
+			id := req.Frames[0]
+			for _, m := range [][][]byte{
+				{id, nil, []byte("x")},                     // no payload
+				{id, []byte("junk"), make([]byte, 8), nil}, // no empty delimiter
+				{id, nil, []byte{1, 2, 3}, []byte("p")},    // a 3-byte seq
+				{id, nil, make([]byte, 8), nil, nil, nil},  // too many frames
+			} {
+				router.Send(zmq4.NewMsgFrom(m...))
+			}
+		}
+	})
+	t.Cleanup(func() {
+		cancel()
+		router.Close()
+		wg.Wait()
+	})
+	return ep, &asked
+}
+
+// Scenario 9. A peer sends malformed messages, bad seqs and random 8-byte
+// seqs with junk payloads, then 10 good batches of 4 blocks; its replay
+// endpoint answers every request with malformed replies. A replay endpoint
+// that proves useless must not hold the live stream back: the good blocks
+// are indexed within seconds (at the default timeouts, each replay would
+// otherwise wait ReplayTimeout or more), and the replays given up are
+// counted.
+func faultGarbageReplay(t *testing.T, mode faultParams) {
+	seed := faultSeed(t)
+	t.Logf("seed %d (KVPIPE_FAULT_SEED)", seed)
+	rng := rand.New(rand.NewPCG(seed, 9))
+	w := newFaultWorldConfig(t, Config{Shards: 1, Subscriber: wire.Options{HandshakeTimeout: time.Second}})
+	replay, asked := garbageRouter(t)
+	ep := ztest.FreeTCP(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	pub := zmq4.NewPub(ctx, zmq4.WithLogger(log.New(io.Discard, "", 0)))
+	t.Cleanup(func() { cancel(); pub.Close() })
+	if err := pub.Listen(ep); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.p.AddWorker("garbage", WorkerConfig{Endpoint: ep, ReplayEndpoint: replay}); err != nil {
+		t.Fatal(err)
+	}
+	w.converge("connected", 10*time.Second, func() error {
+		if st, _ := w.p.Stats().Worker("garbage"); !st.Wire.Connected {
+			return errors.New("not connected")
+		}
+		return nil
+	})
+	time.Sleep(100 * time.Millisecond) // the subscription reaches the PUB
+	send := func(frames ...[]byte) {
+		if err := pub.Send(zmq4.NewMsgFrom(frames...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seqFrame := func(seq uint64) []byte { return binary.BigEndian.AppendUint64(nil, seq) }
+	for i := range 20 {
+		send([]byte("t"), []byte("junk"))                             // two frames
+		send(nil, []byte{1, 2, 3, 4}, []byte("p"))                    // a 4-byte seq
+		send(nil, seqFrame(rng.Uint64()>>rng.IntN(64)), []byte{0xc1}) // a random seq, a junk payload
+		send(nil, seqFrame(uint64(1000+i*7)), []byte("junk"))         // bad seqs
+	}
+	const batches, per = 10, 4
+	tokens := make([]uint32, batches*per*faultBlockSize)
+	for i := range tokens {
+		tokens[i] = uint32(rng.IntN(50_000))
+	}
+	for b := range batches {
+		ev := codec.Event{Type: codec.BlockStored, BlockSize: faultBlockSize,
+			TokenIDs: tokens[b*per*faultBlockSize : (b+1)*per*faultBlockSize]}
+		for i := range per {
+			ev.BlockHashes = append(ev.BlockHashes, uint64(b*per+i+1))
+		}
+		if b > 0 {
+			ev.ParentHash, ev.HasParent = uint64(b*per), true
+		}
+		send(nil, seqFrame(uint64(b)), codec.AppendBatch(nil, &codec.Batch{TS: faultNow(), Events: []codec.Event{ev}}, codec.CurrentVLLM))
+	}
+	start := time.Now()
+	took := w.converge("the good blocks indexed", 10*time.Second, func() error {
+		ms, err := w.p.FindMatches(context.Background(), tokens)
+		if err != nil {
+			return err
+		}
+		if len(ms) != 1 || ms[0].Blocks != batches*per {
+			return fmt.Errorf("the good prompt matches %+v, want %d blocks of one worker", ms, batches*per)
+		}
+		return nil
+	})
+	st, _ := w.p.Stats().Worker("garbage")
+	t.Logf("the %d good blocks indexed %v after they were sent (%v since the first); replays %d asked %d abandoned %d malformed %d resyncs %d restarts %d",
+		batches*per, took.Round(time.Millisecond), time.Since(start).Round(time.Millisecond),
+		st.Wire.Replays, asked.Load(), st.Wire.ReplayAbandoned, st.Wire.Malformed, st.Actor.Resyncs, st.Wire.Restarts)
+	if st.Wire.ReplayAbandoned == 0 {
+		t.Error("no replay counted as abandoned")
+	}
 }

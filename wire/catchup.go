@@ -37,6 +37,10 @@ type replayCall struct {
 	askNow       bool
 	recheck      bool // the next request re-asks a hole
 	dropped      bool // the held live batches were dropped (another incarnation)
+	heard        bool // a well-formed reply came to the current request
+	// abandoned: the endpoint proved useless (garbage for an answer): the
+	// replay gives up at once, without ReplayPatience.
+	abandoned bool
 }
 
 // action is what replayCall.wait leaves its caller to do.
@@ -91,6 +95,7 @@ func (c *replayCall) send(ctx context.Context) bool {
 		return false
 	}
 	c.timer.Reset(c.s.cfg.ReplayTimeout)
+	c.heard = false
 	return true
 }
 
@@ -137,8 +142,16 @@ func (c *replayCall) reply(m zmq4.Msg) (step, action) {
 	seq, payload, ok := parseReply(m)
 	if !ok {
 		s.stats.Malformed.Add(1)
-		return step{}, waitMore
+		if c.heard {
+			return step{}, waitMore // a junk reply among good ones: the stall timeout judges
+		}
+		// Its first answer is garbage: no engine's ROUTER, and waiting
+		// for a better one would hold the live stream back for nothing.
+		c.abandoned = true
+		s.replay.failed("reply", errors.New("malformed reply"))
+		return step{v: vFail}, settleNow
 	}
+	c.heard = true
 	var st step
 	if seq == endMarker {
 		if st = c.r.end(); st.v == vMissing {
@@ -197,7 +210,7 @@ func (c *replayCall) settle(ctx context.Context, st step) (res result, done bool
 		return c.result(), true
 	case vFail:
 		s.replay.close()
-		if !c.backOff(ctx) {
+		if c.abandoned || !c.backOff(ctx) {
 			return c.giveUp(ctx), true
 		}
 		c.askNow, c.recheck = true, false
@@ -256,6 +269,10 @@ func (c *replayCall) giveUp(ctx context.Context) result {
 		return stopped
 	}
 	s := c.s
+	if c.abandoned {
+		s.stats.ReplayAbandoned.Add(1)
+		s.warn.Warn("replay endpoint useless: going on unproven", "endpoint", s.cfg.ReplayEndpoint)
+	}
 	_, started := s.seq.Last()
 	switch {
 	case c.r.unfilled() > 0:

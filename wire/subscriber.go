@@ -148,13 +148,17 @@ type Stats struct {
 	TailChecks        uint64 // replays asked after a quiet spell, gap or not
 	ReplayFailures    uint64 // requests that timed out or broke after connecting
 	ReplayUnreachable uint64 // replay dials that failed
-	HistoryMissing    uint64 // replays that found the engine no longer had a gap
-	Lost              uint64 // batches the publisher sent that were never delivered
-	LiveOverflow      uint64 // live batches dropped while a replay ran (replayed later)
-	Snapshots         uint64 // engine snapshots applied after a reset
-	SnapshotFailures  uint64 // snapshots refused, broken off or unreachable
-	Restarts          uint64 // another publisher incarnation detected
-	Reconnects        uint64 // SUB sockets rebuilt after a failure or idle
+	// ReplayAbandoned counts replays given up at once, without
+	// ReplayPatience: the endpoint answered garbage, or did not complete
+	// its ZMTP handshake after a gap.
+	ReplayAbandoned  uint64
+	HistoryMissing   uint64 // replays that found the engine no longer had a gap
+	Lost             uint64 // batches the publisher sent that were never delivered
+	LiveOverflow     uint64 // live batches dropped while a replay ran (replayed later)
+	Snapshots        uint64 // engine snapshots applied after a reset
+	SnapshotFailures uint64 // snapshots refused, broken off or unreachable
+	Restarts         uint64 // another publisher incarnation detected
+	Reconnects       uint64 // SUB sockets rebuilt after a failure or idle
 	// ProtocolErrors counts connections closed because the peer broke ZMTP
 	// or the message limit, by kind (ProtocolErrorKinds).
 	ProtocolErrors [NumProtocolErrors]uint64
@@ -172,6 +176,7 @@ func (s *Stats) Add(o Stats) {
 	s.TailChecks += o.TailChecks
 	s.ReplayFailures += o.ReplayFailures
 	s.ReplayUnreachable += o.ReplayUnreachable
+	s.ReplayAbandoned += o.ReplayAbandoned
 	s.HistoryMissing += o.HistoryMissing
 	s.Lost += o.Lost
 	s.LiveOverflow += o.LiveOverflow
@@ -190,6 +195,7 @@ type counters struct {
 	Batches, Malformed, Duplicates, Gaps          atomic.Uint64
 	Replays, Replayed, TailChecks, ReplayFailures atomic.Uint64
 	ReplayUnreachable, HistoryMissing, Lost       atomic.Uint64
+	ReplayAbandoned                               atomic.Uint64
 	LiveOverflow, Snapshots, SnapshotFailures     atomic.Uint64
 	Restarts, Reconnects                          atomic.Uint64
 	ProtocolErrors                                [NumProtocolErrors]atomic.Uint64
@@ -200,7 +206,7 @@ func (c *counters) load() Stats {
 	st := Stats{
 		Batches: c.Batches.Load(), Malformed: c.Malformed.Load(), Duplicates: c.Duplicates.Load(), Gaps: c.Gaps.Load(),
 		Replays: c.Replays.Load(), Replayed: c.Replayed.Load(), TailChecks: c.TailChecks.Load(), ReplayFailures: c.ReplayFailures.Load(),
-		ReplayUnreachable: c.ReplayUnreachable.Load(), HistoryMissing: c.HistoryMissing.Load(), Lost: c.Lost.Load(),
+		ReplayUnreachable: c.ReplayUnreachable.Load(), ReplayAbandoned: c.ReplayAbandoned.Load(), HistoryMissing: c.HistoryMissing.Load(), Lost: c.Lost.Load(),
 		LiveOverflow: c.LiveOverflow.Load(), Snapshots: c.Snapshots.Load(), SnapshotFailures: c.SnapshotFailures.Load(),
 		Restarts: c.Restarts.Load(), Reconnects: c.Reconnects.Load(), Connected: c.Connected.Load(),
 	}
