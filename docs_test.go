@@ -69,18 +69,31 @@ func TestFormatReferencesResolve(t *testing.T) {
 // The README's embedding snippet is the Example's code: every line of it,
 // in order, is a line of example_test.go, so it compiles and runs.
 func TestReadmeEmbeddingIsTheExample(t *testing.T) {
+	snippetIsExample(t, "## Embedding kvpipe in a router", "example_test.go", 10)
+}
+
+// The README's EAGLE snippet is Example_eagle's code.
+func TestReadmeEagleIsTheExample(t *testing.T) {
+	snippetIsExample(t, "Speculative decoding (EAGLE)", "example_eagle_test.go", 3)
+}
+
+// snippetIsExample checks that every line of the first Go snippet after
+// heading in the README is, in order, a line of file, and that it has at
+// least minLines.
+func snippetIsExample(t *testing.T, heading, file string, minLines int) {
+	t.Helper()
 	readme, err := os.ReadFile("README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	example, err := os.ReadFile("example_test.go")
+	example, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
 	section := string(readme)
-	start := strings.Index(section, "## Embedding kvpipe in a router")
+	start := strings.Index(section, heading)
 	if start < 0 {
-		t.Fatal("README has no embedding section")
+		t.Fatalf("README has no section %q", heading)
 	}
 	section = section[start:]
 	open := strings.Index(section, "```go\n")
@@ -99,7 +112,7 @@ func TestReadmeEmbeddingIsTheExample(t *testing.T) {
 		return out
 	}
 	want, have := lines(snippet), lines(string(example))
-	if len(want) < 10 {
+	if len(want) < minLines {
 		t.Fatalf("the snippet has %d lines; the section's layout has drifted", len(want))
 	}
 	i := 0
@@ -109,6 +122,6 @@ func TestReadmeEmbeddingIsTheExample(t *testing.T) {
 		}
 	}
 	if i < len(want) {
-		t.Errorf("README line %q (and any after it) is not in example_test.go in that order", want[i])
+		t.Errorf("README line %q (and any after it) is not in %s in that order", want[i], file)
 	}
 }

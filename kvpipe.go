@@ -92,6 +92,12 @@ type WorkerConfig struct {
 	// from which the worker is rebuilt after a loss; "" when it has none.
 	SnapshotEndpoint string
 	Topic            string // ZMQ topic prefix; the engines' default is ""
+	// Eagle: the engine runs EAGLE-family speculative decoding (SGLang
+	// with --speculative-algorithm EAGLE, EAGLE3, NEXTN), whose blocks are
+	// keyed over windows of BlockSize+1 tokens. Optional: the worker's mode
+	// is learned from its events (bigram token ids) in any case; this sets
+	// it before the first one.
+	Eagle bool
 }
 
 // SubscriberOptions tune every worker's subscriber (Config.Subscriber).

@@ -158,7 +158,7 @@ func TestNewRegistersNothing(t *testing.T) {
 		done := make(chan error, 1)
 		if run {
 			go func() { done <- p.Run(context.Background()) }()
-			eventually(t, "Run started", nil, func() bool { return p.shards.Load() != nil })
+			eventually(t, "Run started", nil, func() bool { return p.read.shards.Load() != nil })
 		}
 		if err := p.Shutdown(context.Background()); err != nil {
 			t.Fatal(err)

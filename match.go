@@ -3,6 +3,7 @@ package kvpipe
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -25,6 +26,9 @@ type Match struct {
 	// a router may weigh it. It clears once the worker's history is whole
 	// again (a new incarnation from its first batch, or a cache clear).
 	Partial bool
+	// Eagle: the worker keys its blocks over EAGLE windows, and was
+	// matched with the request's EAGLE keys (Hasher.EagleKeys).
+	Eagle bool
 }
 
 // Request describes a request for FindMatchesRequest: its tokens, and the
@@ -62,12 +66,33 @@ func (h *Hasher) RequestKeys(dst []uint64, r *Request, blockSize int) []uint64 {
 	return h.h.RequestKeys(dst, (*index.Request)(r), blockSize)
 }
 
+// EaglePrompt is Prompt for workers keyed over EAGLE windows: the key of
+// every block whose window of blockSize+1 tokens the prompt covers.
+func (h *Hasher) EaglePrompt(dst []uint64, tokens []uint32, blockSize int) []uint64 {
+	return h.h.EaglePrompt(dst, tokens, blockSize)
+}
+
+// EagleKeys is RequestKeys for workers keyed over EAGLE windows.
+func (h *Hasher) EagleKeys(dst []uint64, r *Request, blockSize int) []uint64 {
+	return h.h.EagleKeys(dst, (*index.Request)(r), blockSize)
+}
+
 // FindMatches hashes a base-model request's tokens into router blocks and
 // returns, for every worker holding its first block, how many leading
-// blocks it holds.
+// blocks it holds. Workers keyed over EAGLE windows are matched with the
+// prompt's EAGLE keys, the others with its plain keys: one hashing pass
+// for each kind of worker the pipeline has.
 func (p *Pipeline) FindMatches(ctx context.Context, tokens []uint32) ([]Match, error) {
 	var h index.Hasher
-	return p.FindMatchesKeys(ctx, h.Prompt(nil, tokens, p.cfg.BlockSize))
+	var keys, eagleKeys []uint64
+	plain, eagle := kinds(*p.read.list.Load())
+	if plain {
+		keys = h.Prompt(nil, tokens, p.cfg.BlockSize)
+	}
+	if eagle {
+		eagleKeys = h.EaglePrompt(nil, tokens, p.cfg.BlockSize)
+	}
+	return nilIfEmpty(p.AppendMatchesKeys(ctx, nil, keys, eagleKeys))
 }
 
 // FindMatchesRequest is FindMatches for a request on an adapter, with a
@@ -75,23 +100,58 @@ func (p *Pipeline) FindMatches(ctx context.Context, tokens []uint32) ([]Match, e
 // blocks of that request get, and no other request's.
 func (p *Pipeline) FindMatchesRequest(ctx context.Context, r *Request) ([]Match, error) {
 	var h index.Hasher
-	return p.FindMatchesKeys(ctx, h.RequestKeys(nil, (*index.Request)(r), p.cfg.BlockSize))
+	var keys, eagleKeys []uint64
+	plain, eagle := kinds(*p.read.list.Load())
+	if plain {
+		keys = h.RequestKeys(nil, (*index.Request)(r), p.cfg.BlockSize)
+	}
+	if eagle {
+		eagleKeys = h.EagleKeys(nil, (*index.Request)(r), p.cfg.BlockSize)
+	}
+	return nilIfEmpty(p.AppendMatchesKeys(ctx, nil, keys, eagleKeys))
 }
 
-// FindMatchesKeys is FindMatches for keys already hashed with a Hasher.
-func (p *Pipeline) FindMatchesKeys(ctx context.Context, keys []uint64) ([]Match, error) {
-	matches, err := p.AppendMatches(ctx, nil, keys)
+// kinds reports whether ws has workers keyed plainly, and workers keyed
+// over EAGLE windows.
+func kinds(ws []*worker) (plain, eagle bool) {
+	for _, w := range ws {
+		if w.eagle() {
+			eagle = true
+		} else {
+			plain = true
+		}
+	}
+	return plain, eagle
+}
+
+func nilIfEmpty(matches []Match, err error) ([]Match, error) {
 	if len(matches) == 0 {
 		matches = nil
 	}
 	return matches, err
 }
 
+// FindMatchesKeys is FindMatches for keys already hashed with a Hasher
+// (Prompt or RequestKeys). Workers keyed over EAGLE windows are left out:
+// FindMatchesKeys' keys are not theirs (see AppendMatchesKeys).
+func (p *Pipeline) FindMatchesKeys(ctx context.Context, keys []uint64) ([]Match, error) {
+	return nilIfEmpty(p.AppendMatches(ctx, nil, keys))
+}
+
 // AppendMatches is FindMatchesKeys appending to dst: with room in dst it
 // allocates nothing. It reads the index on the calling goroutine and never
 // waits for a worker or a shard; the README says what an answer reflects.
 func (p *Pipeline) AppendMatches(ctx context.Context, dst []Match, keys []uint64) ([]Match, error) {
-	shards := p.shards.Load()
+	return p.AppendMatchesKeys(ctx, dst, keys, nil)
+}
+
+// AppendMatchesKeys is AppendMatches for a router that hashes both kinds
+// of keys itself: workers keyed plainly are matched with keys (Prompt,
+// RequestKeys), workers keyed over EAGLE windows with eagleKeys
+// (EaglePrompt, EagleKeys). A nil slice leaves its kind of worker out.
+// Match.Eagle says which keys a worker's answer used.
+func (p *Pipeline) AppendMatchesKeys(ctx context.Context, dst []Match, keys, eagleKeys []uint64) ([]Match, error) {
+	shards := p.read.shards.Load()
 	if shards == nil {
 		select {
 		case <-p.stopped: // shut down before Run
@@ -101,8 +161,35 @@ func (p *Pipeline) AppendMatches(ctx context.Context, dst []Match, keys []uint64
 		}
 	}
 	start := time.Now()
-	scratch := p.scores.Get().(*[]index.Score)
-	defer p.scores.Put(scratch)
+	var err error
+	if keys != nil {
+		dst, err = p.read.appendKind(ctx, shards, dst, keys, false)
+	}
+	if err == nil && eagleKeys != nil {
+		dst, err = p.read.appendKind(ctx, shards, dst, eagleKeys, true)
+	}
+	if err == nil {
+		p.read.latency.observe(time.Since(start))
+	}
+	return dst, err
+}
+
+// readPath is what the read path needs, published on every change of the
+// worker table, so that FindMatches and scrapes take no lock and never
+// wait.
+type readPath struct {
+	shards  atomic.Pointer[index.Shards]
+	names   atomic.Pointer[map[index.WorkerID]*worker]
+	list    atomic.Pointer[[]*worker]
+	scores  sync.Pool // *[]index.Score: the scratch of a match
+	weights Weights
+	latency latency // FindMatches' durations, for metrics
+}
+
+// appendKind appends the matches of keys for the workers of one kind.
+func (r *readPath) appendKind(ctx context.Context, shards *index.Shards, dst []Match, keys []uint64, eagle bool) ([]Match, error) {
+	scratch := r.scores.Get().(*[]index.Score)
+	defer r.scores.Put(scratch)
 	scores, err := shards.FindMatches(ctx, (*scratch)[:0], keys)
 	*scratch = scores[:0]
 	if errors.Is(err, index.ErrClosed) {
@@ -111,14 +198,14 @@ func (p *Pipeline) AppendMatches(ctx context.Context, dst []Match, keys []uint64
 	if err != nil {
 		return dst, err
 	}
-	p.latency.observe(time.Since(start))
-	names := *p.names.Load()
+	names := *r.names.Load()
 	for _, sc := range scores {
-		// A worker removed meanwhile is left out, and so is one whose
-		// entries may be stale (a batch dropped, its clear not yet queued).
-		if w, ok := names[sc.Worker]; ok && !w.stale() {
-			dst = append(dst, Match{Worker: w.name, Blocks: sc.Blocks, Tiers: sc.Tiers, Score: sc.Weighted(p.cfg.TierWeights),
-				Partial: w.partial()})
+		// A worker removed meanwhile is left out, and so is one of the other
+		// kind, and one whose entries may be stale (a batch dropped, its
+		// clear not yet queued).
+		if w, ok := names[sc.Worker]; ok && w.eagle() == eagle && !w.stale() {
+			dst = append(dst, Match{Worker: w.name, Blocks: sc.Blocks, Tiers: sc.Tiers, Score: sc.Weighted(r.weights),
+				Partial: w.partial(), Eagle: eagle})
 		}
 	}
 	return dst, nil
@@ -139,7 +226,7 @@ func (p *Pipeline) Sync(ctx context.Context) error {
 	p.syncing.Add(1) // the shards stay open until it is done
 	p.mu.Unlock()
 	defer p.syncing.Done()
-	return p.shards.Load().Sync(ctx)
+	return p.read.shards.Load().Sync(ctx)
 }
 
 // LatencyBounds are the upper bounds of Stats.FindMatches' buckets: 1µs

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/conf"
@@ -24,8 +23,8 @@ import (
 // (FindMatches and its variants, Sync, Stats), and saved state (Snapshot,
 // SaveSnapshot, Restore).
 type Pipeline struct {
-	cfg     Config
-	latency latency // FindMatches' durations, for metrics
+	cfg  Config
+	read readPath
 
 	// mu guards the worker table and the lifecycle. Nothing holds it while
 	// waiting: workers start and stop outside it.
@@ -41,12 +40,6 @@ type Pipeline struct {
 	// shards close.
 	removing, syncing, feeding sync.WaitGroup
 
-	// What the read path needs, published on every change, so that
-	// FindMatches and scrapes take no lock and never wait.
-	shards  atomic.Pointer[index.Shards]
-	names   atomic.Pointer[map[index.WorkerID]*worker]
-	list    atomic.Pointer[[]*worker]
-	scores  sync.Pool     // *[]index.Score: the read path's scratch
 	stop    chan struct{} // closed by the first Shutdown
 	stopped chan struct{} // closed once every goroutine has stopped
 	// wrap, when set (by tests), wraps every worker's handler.
@@ -81,7 +74,8 @@ func New(cfg Config) (*Pipeline, error) {
 		stop:    make(chan struct{}),
 		stopped: make(chan struct{}),
 	}
-	p.scores.New = func() any { return new([]index.Score) }
+	p.read.scores.New = func() any { return new([]index.Score) }
+	p.read.weights = cfg.TierWeights
 	p.publish()
 	return p, nil
 }
@@ -154,7 +148,8 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	p.feeding.Wait()
 	shards.Close()
 	p.mu.Lock()
-	p.closeDown()
+	p.phase = closed
+	close(p.stopped)
 	p.mu.Unlock()
 	return err
 }
@@ -170,7 +165,7 @@ func (p *Pipeline) begin(ctx context.Context) (*index.Shards, error) {
 		return nil, ErrClosed
 	}
 	shards := index.NewShards(p.cfg.Shards, p.cfg.ShardQueue)
-	p.shards.Store(shards)
+	p.read.shards.Store(shards)
 	p.runCtx, p.stopRun = context.WithCancel(ctx)
 	p.group = supervisor.New(p.runCtx, supervisor.Config{RestartMin: p.cfg.RestartMin, RestartMax: p.cfg.RestartMax, Logger: p.cfg.Logger})
 	p.phase = running
@@ -185,12 +180,6 @@ func (p *Pipeline) begin(ctx context.Context) (*index.Shards, error) {
 	return shards, nil
 }
 
-// closeDown marks the pipeline stopped; p.mu is held.
-func (p *Pipeline) closeDown() {
-	p.phase = closed
-	close(p.stopped)
-}
-
 // Shutdown stops the pipeline: Run stops every worker, lets the shards apply
 // what is queued, and returns nil. Shutdown waits for that, or returns ctx's
 // error when ctx ends first (the shutdown then completes in the
@@ -203,7 +192,8 @@ func (p *Pipeline) Shutdown(ctx context.Context) error {
 	default:
 		close(p.stop)
 		if p.phase == idle { // no Run to do it
-			p.closeDown()
+			p.phase = closed
+			close(p.stopped)
 		}
 	}
 	p.mu.Unlock()
@@ -224,6 +214,6 @@ func (p *Pipeline) publish() {
 		list = append(list, w)
 	}
 	slices.SortFunc(list, func(a, b *worker) int { return strings.Compare(a.name, b.name) })
-	p.names.Store(&names)
-	p.list.Store(&list)
+	p.read.names.Store(&names)
+	p.read.list.Store(&list)
 }

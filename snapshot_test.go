@@ -118,6 +118,7 @@ func TestRestartFromASnapshot(t *testing.T) {
 			e.remove(7)
 			e.parent = 0
 			e.store(prompt(3, 2), 16)
+			e.pub.Flush() // sent to nobody: the next router cannot receive them live
 
 			p2 := restoredPipeline(t, st)
 			runUntilCleanup(t, p2)
@@ -201,7 +202,7 @@ func TestRestoreErrors(t *testing.T) {
 		})
 	}
 	p := startPipeline(t, Config{})
-	eventually(t, "running", nil, func() bool { return p.shards.Load() != nil })
+	eventually(t, "running", nil, func() bool { return p.read.shards.Load() != nil })
 	if err := p.Restore(&good); err == nil {
 		t.Error("Restore after Run: no error")
 	}

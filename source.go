@@ -94,7 +94,7 @@ func (f *Feed) send(ctx context.Context, w *worker, partial bool, ops []index.Op
 			break
 		}
 	}
-	queue := f.p.shards.Load().Queue(w.id)
+	queue := f.p.read.shards.Load().Queue(w.id)
 	for part := ops[:n]; len(part) > 0; part = part[min(len(part), maxFedOps):] {
 		b := &index.Batch{Worker: w.id, Ops: append([]index.Op(nil), part[:min(len(part), maxFedOps)]...), Held: &w.fed.tierBlocks}
 		select {

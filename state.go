@@ -116,7 +116,7 @@ func (p *Pipeline) snapshotWorkers() (list []*worker, waiting []snapshot.Worker,
 	case draining, closed:
 		return nil, nil, nil, ErrClosed
 	}
-	for _, w := range *p.list.Load() {
+	for _, w := range *p.read.list.Load() {
 		if w.fed == nil && w.done != nil {
 			list = append(list, w)
 		}

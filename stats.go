@@ -55,7 +55,7 @@ func (s Stats) Worker(name string) (WorkerStats, bool) {
 // worker or the lifecycle.
 func (p *Pipeline) Stats() Stats {
 	var st Stats
-	for _, w := range *p.list.Load() {
+	for _, w := range *p.read.list.Load() {
 		if w.fed != nil {
 			st.Workers = append(st.Workers, WorkerStats{Name: w.name, Actor: w.fed.stats()})
 			continue
@@ -65,15 +65,16 @@ func (p *Pipeline) Stats() Stats {
 			ws.Actor = a.Stats()
 		} else {
 			ws.Actor.Partial = true // not started: nothing of it is known
+			ws.Actor.Eagle = w.eagleCfg
 		}
 		st.Workers = append(st.Workers, ws)
 	}
-	if shards := p.shards.Load(); shards != nil {
+	if shards := p.read.shards.Load(); shards != nil {
 		for i := range shards.Len() {
 			st.Shards = append(st.Shards, ShardStats{QueueDepth: shards.QueueDepth(i), Nodes: shards.Nodes(i),
 				UnknownRemoves: shards.UnknownRemoves(i)})
 		}
 	}
-	st.FindMatches = p.latency.load()
+	st.FindMatches = p.read.latency.load()
 	return st
 }

@@ -26,8 +26,20 @@ type worker struct {
 	restarts atomic.Uint64               // by its supervising goroutine; read by scrapes
 	// ctx and done are set under p.mu when it starts, nil before: ctx ends
 	// when it stops, done is closed once its goroutine has returned.
-	ctx  context.Context
-	done <-chan struct{}
+	ctx      context.Context
+	done     <-chan struct{}
+	eagleCfg bool // WorkerConfig.Eagle: the mode until its actor runs
+}
+
+// eagle reports whether w's blocks are keyed over EAGLE windows.
+func (w *worker) eagle() bool {
+	if w.fed != nil {
+		return false
+	}
+	if a := w.actor.Load(); a != nil {
+		return a.Eagle()
+	}
+	return w.eagleCfg
 }
 
 // partial reports Match.Partial for w.
@@ -76,7 +88,7 @@ func (p *Pipeline) AddWorker(name string, wc WorkerConfig) error {
 	if err != nil {
 		return fmt.Errorf("kvpipe: worker %q: %w", name, err)
 	}
-	w := &worker{name: name, id: p.nextID, sub: sub}
+	w := &worker{name: name, id: p.nextID, sub: sub, eagleCfg: wc.Eagle}
 	p.nextID++
 	p.workers[name] = w
 	if p.phase == running {
@@ -115,7 +127,7 @@ func (p *Pipeline) RemoveWorker(ctx context.Context, name string) error {
 	}
 	p.group.Remove(w.member())
 	removed := make(chan struct{})
-	shards, runCtx := p.shards.Load(), p.runCtx
+	shards, runCtx := p.read.shards.Load(), p.runCtx
 	p.leaving[name] = true
 	p.removing.Go(func() {
 		defer close(removed)
@@ -156,7 +168,7 @@ func (p *Pipeline) start(w *worker) {
 		Run: func(ctx context.Context) error {
 			if first {
 				first = false
-				w.prepare(ctx, &p.cfg, p.shards.Load().Queue(w.id), from)
+				w.prepare(ctx, &p.cfg, p.read.shards.Load().Queue(w.id), from)
 			}
 			var h wire.Handler = w.actor.Load()
 			if p.cfg.Observe != nil {
@@ -184,7 +196,7 @@ func (p *Pipeline) start(w *worker) {
 func (w *worker) prepare(ctx context.Context, cfg *Config, shard chan<- *index.Batch, from *snapshot.Worker) {
 	ac := actor.Config{Worker: w.id, Name: w.name, BlockSize: cfg.BlockSize,
 		Shard: shard, Backpressure: actor.Backpressure(cfg.Backpressure), Weights: cfg.TierWeights, MaxBlocks: cfg.MaxWorkerBlocks,
-		Done: ctx.Done(), Logger: cfg.Logger}
+		Done: ctx.Done(), Logger: cfg.Logger, Eagle: w.eagleCfg}
 	if tap := cfg.Tap; tap != nil {
 		ac.Publish = func(ops []index.Op, o actor.Origin) uint64 { return tap.Ops(ctx, w.name, ops, o) }
 	}

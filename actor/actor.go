@@ -55,6 +55,10 @@ type Config struct {
 	// stream sequence), which the actor keeps for its snapshot. The ops are
 	// only valid during the call.
 	Publish func(ops []index.Op, o Origin) uint64
+	// Eagle: the engine runs EAGLE-family speculative decoding (SGLang's
+	// bigram keys), known before its first event. Without it the mode is
+	// learned from the events (Stats.Eagle); either way events decide.
+	Eagle bool
 }
 
 // DefaultMaxBlocks is Config.MaxBlocks' default: 4 Mi engine blocks, 64 M
@@ -125,6 +129,7 @@ func New(cfg Config) *Actor {
 	a.out = outbox{cfg: &a.cfg, stats: &a.stats, free: make(chan *index.Batch, cap(cfg.Shard)+2), dropped: a.m.dropped, stale: &a.stale}
 	a.groups = groups{main: make(map[int]bool), weights: &a.cfg.Weights}
 	a.stats.Partial.Store(true)
+	a.stats.Eagle.Store(cfg.Eagle)
 	return a
 }
 
@@ -140,6 +145,10 @@ func (a *Actor) Partial() bool { return a.stats.Partial.Load() }
 // clear that makes up for it has not reached the shard's queue yet. A
 // reader leaves the worker out of answers meanwhile.
 func (a *Actor) Stale() bool { return a.stale.Load() }
+
+// Eagle reports Stats().Eagle, for the read path: which keys to match the
+// worker with.
+func (a *Actor) Eagle() bool { return a.stats.Eagle.Load() }
 
 var _ wire.Handler = (*Actor)(nil)
 
@@ -173,6 +182,10 @@ func (a *Actor) HandleBatch(seq uint64, payload []byte) {
 	}
 	if a.batch.Skipped > 0 {
 		a.stats.Filtered[UnknownEvent].Add(uint64(a.batch.Skipped))
+	}
+	if n := len(a.batch.Invalid); n > 0 { // the batch's other events still count
+		a.stats.Filtered[UnreadableEvent].Add(uint64(n))
+		a.warn.Warn("unreadable events left out", "seq", seq, "count", n, "first", a.batch.Invalid[0], "worker", a.cfg.Name)
 	}
 	for i := range a.batch.Events {
 		a.apply(&a.batch.Events[i])
@@ -316,6 +329,7 @@ func (a *Actor) store(e *codec.Event) {
 		a.m.retier(e, t)
 		return
 	}
+	a.stats.Eagle.Store(e.Bigram) // the engine's mode, as its latest tokens show it
 	if !a.m.store(e, t, k) {
 		a.stats.Filtered[BlockCap].Add(1)
 		a.stats.Partial.Store(true) // the engine holds what was refused

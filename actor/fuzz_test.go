@@ -21,6 +21,14 @@ func FuzzActor(f *testing.F) {
 		{Events: []codec.Event{split, {Type: codec.BlockStored, BlockHashes: []uint64{1, 2}, BlockSize: 32, Medium: "CPU"},
 			{Type: codec.BlockRemoved, BlockHashes: []uint64{2}, Medium: "GPU"}, {Type: codec.AllBlocksCleared, Medium: "CPU"}}},
 		{Events: []codec.Event{{Type: codec.BlockStored, BlockHashes: make([]uint64, 300), TokenIDs: tokens(4, 300, 16), BlockSize: 16}}},
+		// SGLang with EAGLE: bigram events, a split one, one a plain event
+		// chains to, and one short of its last window.
+		{Events: []codec.Event{
+			{Type: codec.BlockStored, BlockHashes: []uint64{1, 2}, TokenIDs: append(tokens(5, 2, 16), 1), Bigram: true, BlockSize: 16},
+			stored(3, 16, func(e *codec.Event) { e.HasParent, e.ParentHash = true, 2 }),
+			{Type: codec.BlockStored, BlockHashes: []uint64{4, 5}, TokenIDs: append(tokens(6, 2, 32), 1), Bigram: true, BlockSize: 32},
+			{Type: codec.BlockStored, BlockHashes: []uint64{6, 7}, TokenIDs: tokens(7, 2, 16), Bigram: true, BlockSize: 16},
+			{Type: codec.BlockRemoved, BlockHashes: []uint64{2, 5}}}},
 	}
 	for _, b := range seeds {
 		f.Add(codec.AppendBatch(nil, &b, codec.CurrentVLLM))

@@ -162,7 +162,7 @@ func (m *mapping) remove(hashes []uint64, t index.Tier) {
 func (m *mapping) store(e *codec.Event, t index.Tier, k int) bool {
 	bs := e.BlockSize
 	n := len(e.BlockHashes)
-	if whole := len(e.TokenIDs) / bs; whole < n {
+	if whole := wholeBlocks(e); whole < n {
 		m.stats.TokenMismatch.Add(1)
 		n = whole
 	}
@@ -190,6 +190,10 @@ func (m *mapping) store(e *codec.Event, t index.Tier, k int) bool {
 	if !hasParent {
 		ns = index.Namespace(e.LoraName, e.LoraID, e.HasLoraID, e.CacheSalt)
 	}
+	over := 0
+	if e.Bigram {
+		over = 1 // an EAGLE window runs one token past its block
+	}
 	unit := bs / k
 	ext, extParent := e.ParentHash, e.HasParent
 	for i := range n {
@@ -197,10 +201,10 @@ func (m *mapping) store(e *codec.Event, t index.Tier, k int) bool {
 		if i < len(e.BlockExtra) {
 			extra = e.BlockExtra[i]
 		}
-		toks := e.TokenIDs[i*bs : (i+1)*bs]
+		toks := e.TokenIDs[i*bs : (i+1)*bs+over]
 		m.keys = m.keys[:0]
 		for j := range k {
-			parent = m.hasher.Key(parent, hasParent, ns, extra, toks[j*unit:(j+1)*unit])
+			parent = m.hasher.Key(parent, hasParent, ns, extra, toks[j*unit:(j+1)*unit+over])
 			hasParent = true
 			m.keys = append(m.keys, parent)
 		}
@@ -212,6 +216,16 @@ func (m *mapping) store(e *codec.Event, t index.Tier, k int) bool {
 		ext, extParent = h, true
 	}
 	return true
+}
+
+// wholeBlocks is how many blocks e's tokens cover: block i is tokens
+// [i·size, (i+1)·size), and one more token for a bigram event, whose key
+// is hashed over an EAGLE window (index.Hasher.EagleKeys).
+func wholeBlocks(e *codec.Event) int {
+	if e.Bigram {
+		return (len(e.TokenIDs) - 1) / e.BlockSize
+	}
+	return len(e.TokenIDs) / e.BlockSize
 }
 
 // put stores the engine block h, keyed b.key (and m.keys before it), in

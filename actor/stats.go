@@ -17,11 +17,13 @@ const (
 	UnknownMedium                   // a medium this version does not know
 	UnknownEvent                    // a tag this version does not know
 	BlockSizeMismatch               // a block size the router cannot split into its own
+	UnreadableEvent                 // an event the decoder could not read (a field of the wrong type, ...)
 	BlockCap                        // the worker holds Config.MaxBlocks blocks: its new blocks are refused
 	NumReasons
 )
 
-var reasonNames = [NumReasons]string{"partial_block", "non_main_attention", "unlearned_group", "lower_tier", "unknown_medium", "unknown_event", "block_size", "block_cap"}
+var reasonNames = [NumReasons]string{"partial_block", "non_main_attention", "unlearned_group", "lower_tier", "unknown_medium", "unknown_event", "block_size",
+	"unreadable_event", "block_cap"}
 
 func (r Reason) String() string { return reasonNames[r] }
 
@@ -44,6 +46,10 @@ type Stats struct {
 	// SnapshotUnmapped the ones it named that this worker never told of
 	// (no tokens in a snapshot: their keys cannot be computed).
 	SnapshotBlocks, SnapshotUnmapped uint64
+	// Eagle: the worker's blocks are keyed over EAGLE windows (its last
+	// BlockStored with tokens sent bigrams, or Config.Eagle before any), so
+	// a request is matched against it with index.Hasher.EagleKeys.
+	Eagle bool
 }
 
 // Add adds o's counts to s, as when summing workers.
@@ -71,6 +77,7 @@ func (s *Stats) Add(o Stats) {
 	s.Partial = s.Partial || o.Partial
 	s.SnapshotBlocks += o.SnapshotBlocks
 	s.SnapshotUnmapped += o.SnapshotUnmapped
+	s.Eagle = s.Eagle || o.Eagle
 }
 
 // counters are the live Stats: written by the actor's goroutine, read by
@@ -86,6 +93,7 @@ type counters struct {
 	TierBlocks                       [index.NumTiers]atomic.Int64
 	Partial                          atomic.Bool
 	SnapshotBlocks, SnapshotUnmapped atomic.Uint64
+	Eagle                            atomic.Bool
 }
 
 func (c *counters) load() Stats {
@@ -98,6 +106,7 @@ func (c *counters) load() Stats {
 		Resyncs: c.Resyncs.Load(), DroppedBatches: c.DroppedBatches.Load(),
 		Partial:        c.Partial.Load(),
 		SnapshotBlocks: c.SnapshotBlocks.Load(), SnapshotUnmapped: c.SnapshotUnmapped.Load(),
+		Eagle: c.Eagle.Load(),
 	}
 	for i := range c.Filtered {
 		st.Filtered[i] = c.Filtered[i].Load()

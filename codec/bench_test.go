@@ -101,6 +101,26 @@ func BenchmarkDecode(b *testing.B) {
 		}
 		b.ReportMetric(float64(b.N*eventsPerPayload)/b.Elapsed().Seconds(), "events/s")
 	})
+	// An SGLang engine with EAGLE: 8 BlockStored of 4 blocks of 16 tokens as
+	// bigrams (each with the token after its last block), a BlockRemoved.
+	b.Run("kvpipe/sglang-eagle-map", func(b *testing.B) {
+		in := realisticBatch()
+		for i := range in.Events[:8] {
+			e := &in.Events[i]
+			e.TokenIDs, e.Bigram = append(e.TokenIDs, 1), true
+		}
+		payload := AppendBatch(nil, &in, Layout{SignedHashes: true, SaltKey: true})
+		d := NewDecoder()
+		var batch Batch
+		b.SetBytes(int64(len(payload)))
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := d.Decode(payload, &batch); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(b.N*eventsPerPayload)/b.Elapsed().Seconds(), "events/s")
+	})
 	// The same map-form payload through a reflection decoder, the way the Go
 	// peer (llm-d) decodes: a fresh value per message.
 	b.Run("reflection-vmihailenco/vllm-map", func(b *testing.B) {

@@ -2,6 +2,7 @@ package codec
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -135,7 +136,7 @@ func TestToleratesNewerAndOlderEngines(t *testing.T) {
 		p = msgp.AppendString(p, "BlockStored")
 		p = appendHashes(p, []uint64{11}, Layout{})
 		p = msgp.AppendNil(p)
-		p = appendTokens(p, []uint32{1, 2})
+		p = appendTokens(p, []uint32{1, 2}, false)
 		p = msgp.AppendInt(p, 2)
 		for range 7 {
 			p = msgp.AppendNil(p)
@@ -227,58 +228,77 @@ func TestDecodeErrors(t *testing.T) {
 		name    string
 		payload []byte
 		want    string
+		kept    int // events decoded beside the bad one; -1: the batch is rejected
 	}{
-		{"empty", nil, "batch: expected array or map, got end of payload"},
-		{"not a batch", msgp.AppendString(nil, "hello"), "batch: expected array or map, got str"},
-		{"one-element batch", msgp.AppendFloat64(msgp.AppendArrayHeader(nil, 1), 0), "batch: array of 1 elements, want at least 2 (ts, events)"},
-		{"ts as string", msgp.AppendString(msgp.AppendArrayHeader(nil, 2), "x"), "batch: ts: expected float64, got str"},
-		{"truncated in the middle", valid[:len(valid)/2], "truncated payload"},
-		{"truncated by one byte", valid[:len(valid)-1], "batch: data_parallel_rank: truncated payload"},
-		{"trailing garbage", append(append([]byte{}, valid...), 0x01), "batch: 1 trailing bytes after the batch"},
+		{"empty", nil, "batch: expected array or map, got end of payload", -1},
+		{"not a batch", msgp.AppendString(nil, "hello"), "batch: expected array or map, got str", -1},
+		{"one-element batch", msgp.AppendFloat64(msgp.AppendArrayHeader(nil, 1), 0), "batch: array of 1 elements, want at least 2 (ts, events)", -1},
+		{"ts as string", msgp.AppendString(msgp.AppendArrayHeader(nil, 2), "x"), "batch: ts: expected float64, got str", -1},
+		{"truncated in the middle", valid[:len(valid)/2], "truncated payload", -1},
+		{"truncated by one byte", valid[:len(valid)-1], "batch: data_parallel_rank: truncated payload", -1},
+		{"trailing garbage", append(append([]byte{}, valid...), 0x01), "batch: 1 trailing bytes after the batch", -1},
 		{"token_ids as string", ev("type", "BlockStored", "block_hashes", []any{1}, "token_ids", "abc", "block_size", 2),
-			"event 1: token_ids: expected array, got str"},
+			"event 1: token_ids: expected array, got str", 1},
 		{"token id as float", ev("type", "BlockStored", "block_hashes", []any{1}, "token_ids", []any{1, 2.5}, "block_size", 2),
-			"event 1: token_ids: [1]: expected int, got float64"},
+			"event 1: token_ids: [1]: expected int, got float64", 1},
 		{"negative token id", ev("type", "BlockStored", "block_hashes", []any{1}, "token_ids", []any{-4}, "block_size", 2),
-			"event 1: token_ids: [0]: token id -4 out of range"},
+			"event 1: token_ids: [0]: token id -4 out of range", 1},
 		{"hash as string", ev("type", "BlockRemoved", "block_hashes", []any{"h"}),
-			"event 1: block_hashes: [0]: expected int, got str"},
+			"event 1: block_hashes: [0]: expected int, got str", 1},
 		{"block_size as string", ev("type", "BlockStored", "block_hashes", []any{1}, "token_ids", []any{1}, "block_size", "16"),
-			"event 1: block_size: expected int, got str"},
+			"event 1: block_size: expected int, got str", 1},
 		{"negative block size", ev("type", "BlockStored", "block_hashes", []any{1}, "token_ids", []any{1}, "block_size", -16),
-			"event 1: block_size: -16 out of range"},
+			"event 1: block_size: -16 out of range", 1},
 		{"medium as int", ev("type", "BlockRemoved", "block_hashes", []any{1}, "medium", 3),
-			"event 1: medium: expected str, got int"},
-		{"missing block_hashes", ev("type", "BlockRemoved", "medium", nil), "event 1: block_hashes: missing"},
-		{"missing type", ev("block_hashes", []any{1}), "event 1: type: missing"},
-		{"type as int", ev("type", 7), "event 1: type: expected str, got int"},
+			"event 1: medium: expected str, got int", 1},
+		{"missing block_hashes", ev("type", "BlockRemoved", "medium", nil), "event 1: block_hashes: missing", 1},
+		{"missing type", ev("block_hashes", []any{1}), "event 1: type: missing", 1},
+		{"type as int", ev("type", 7), "event 1: type: expected str, got int", 1},
 		{"event as int", append(msgp.AppendArrayHeader(msgp.AppendFloat64(msgp.AppendArrayHeader(nil, 2), 0), 1), 0x05),
-			"event 0: expected array or map, got int"},
+			"event 0: expected array or map, got int", 0},
 		{"short stored array", append(msgp.AppendString(msgp.AppendArrayHeader(msgp.AppendArrayHeader(msgp.AppendFloat64(msgp.AppendArrayHeader(nil, 2), 0), 1), 2), "BlockStored"), 0x90),
-			"event 0: BlockStored array of 2 elements, want at least 5"},
+			"event 0: BlockStored array of 2 elements, want at least 5", 0},
 		{"oversize events array", append(msgp.AppendFloat64(msgp.AppendArrayHeader(nil, 2), 0), 0xdd, 0xff, 0xff, 0xff, 0xff),
-			"batch: events: array of 4294967295 elements exceeds the limit of 65536"},
+			"batch: events: array of 4294967295 elements exceeds the limit of 65536", -1},
 		{"events array longer than the payload", append(msgp.AppendFloat64(msgp.AppendArrayHeader(nil, 2), 0), 0xdc, 0x01, 0x00, 0xc0),
-			"batch: events: array of 256 elements in 1 remaining bytes"},
+			"batch: events: array of 256 elements in 1 remaining bytes", -1},
 		{"invalid prefix byte", append(msgp.AppendFloat64(msgp.AppendArrayHeader(nil, 2), 0), 0x91, 0xc1),
-			"event 0: expected array or map, got <invalid>"},
+			"event 0: expected array or map, got <invalid>", -1},
 	}
 	d := NewDecoder()
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var b Batch
-			err := d.Decode(tc.payload, &b)
+			err, whole := firstErr(d, tc.payload, &b)
 			if err == nil {
 				t.Fatalf("no error; decoded %d events", len(b.Events))
-			}
-			if _, ok := err.(*Error); !ok {
-				t.Errorf("error %T is not a *codec.Error", err)
 			}
 			if !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("error %q, want it to contain %q", err, tc.want)
 			}
+			if whole != (tc.kept < 0) {
+				t.Errorf("batch rejected: %v, want %v", whole, tc.kept < 0)
+			}
+			if !whole && (len(b.Events) != tc.kept || len(b.Invalid) != 1) {
+				t.Errorf("kept %d events and %d errors, want %d and 1", len(b.Events), len(b.Invalid), tc.kept)
+			}
 		})
 	}
+}
+
+// firstErr decodes p into b and returns the batch's error, else the first
+// event's; whole says it is the batch's. Either is a *Error.
+func firstErr(d *Decoder, p []byte, b *Batch) (err error, whole bool) {
+	if err := d.Decode(p, b); err != nil {
+		if _, ok := err.(*Error); !ok {
+			return fmt.Errorf("error %T is not a *codec.Error: %w", err, err), true
+		}
+		return err, true
+	}
+	if len(b.Invalid) > 0 {
+		return b.Invalid[0], false
+	}
+	return nil, false
 }
 
 func TestSteadyStateDecodeAllocatesNothing(t *testing.T) {
@@ -342,7 +362,7 @@ func TestDecoderZeroValue(t *testing.T) {
 		var b Batch
 		err := d.Decode(p, &b)
 		if name == "one limit" {
-			if err == nil {
+			if err != nil || len(b.Invalid) != 1 || len(b.Events) != 0 {
 				t.Errorf("%s: 16 tokens past a limit of 8 decoded", name)
 			}
 			continue

@@ -20,7 +20,8 @@ type Limits struct {
 var DefaultLimits = Limits{MaxEvents: 1 << 16, MaxBlocks: 1 << 16, MaxTokens: 1 << 22}
 
 // Error is a decode failure: which event (-1 for the batch itself), which
-// field, and what was found. The whole batch is rejected with it.
+// field, and what was found. Decode returns the batch's; an event's is in
+// Batch.Invalid.
 type Error struct {
 	Event int
 	Field string
@@ -47,9 +48,13 @@ func (e *Error) Error() string {
 // concurrent use: give each goroutine its own. The zero value is ready to
 // use; a zero field of Limits takes DefaultLimits' value.
 type Decoder struct {
-	Limits  Limits
-	strings map[string]string
+	Limits Limits
+	strs   interner
 }
+
+// interner keeps one copy of each string that repeats across events, so
+// that decoding them allocates nothing once seen.
+type interner struct{ m map[string]string }
 
 // limits is d.Limits with DefaultLimits in its zero fields.
 func (d *Decoder) limits() Limits {
@@ -71,41 +76,44 @@ const maxInterned = 1024
 
 // NewDecoder returns a Decoder with DefaultLimits.
 func NewDecoder() *Decoder {
-	d := &Decoder{Limits: DefaultLimits, strings: make(map[string]string)}
+	d := &Decoder{Limits: DefaultLimits, strs: interner{m: make(map[string]string)}}
 	for _, s := range []string{"GPU", "CPU", "CPU_PINNED", "DISK", "NVME", "STORAGE",
 		"full_attention", "mla_attention", "sink_full_attention", "sliding_window",
 		"mamba", "chunked_local_attention"} {
-		d.strings[s] = s
+		d.strs.m[s] = s
 	}
 	return d
 }
 
-func (d *Decoder) intern(b []byte) string {
-	if s, ok := d.strings[string(b)]; ok { // the compiler does not allocate for this lookup
+func (in *interner) intern(b []byte) string {
+	if s, ok := in.m[string(b)]; ok { // the compiler does not allocate for this lookup
 		return s
 	}
 	s := string(b)
-	if d.strings == nil {
-		d.strings = make(map[string]string)
+	if in.m == nil {
+		in.m = make(map[string]string)
 	}
-	if len(d.strings) < maxInterned {
-		d.strings[s] = s
+	if len(in.m) < maxInterned {
+		in.m[s] = s
 	}
 	return s
 }
 
-// Decode decodes one payload into b, reusing b's storage. On error b holds
-// no usable events and the error is an *Error.
+// Decode decodes one payload into b, reusing b's storage. An event it cannot
+// read costs only itself: it is left out of b.Events, its error in
+// b.Invalid. A payload whose batch cannot be read (truncated, corrupt, not
+// a batch, a limit of the batch exceeded, trailing bytes) is an error, an
+// *Error, and b then holds no usable events.
 func (d *Decoder) Decode(p []byte, b *Batch) error {
 	b.TS, b.DPRank, b.HasDPRank, b.Skipped = 0, 0, false, 0
-	b.Events = b.Events[:0]
+	b.Events, b.Invalid = b.Events[:0], b.Invalid[:0]
 	b.extra = b.extra[:0]
 	rest, err := d.decodeBatch(p, b)
 	if err == nil && len(rest) != 0 {
 		err = &Error{Event: -1, Msg: fmt.Sprintf("%d trailing bytes after the batch", len(rest))}
 	}
 	if err != nil {
-		b.Events = b.Events[:0]
+		b.Events, b.Invalid = b.Events[:0], b.Invalid[:0]
 		return err
 	}
 	return nil
@@ -114,65 +122,74 @@ func (d *Decoder) Decode(p []byte, b *Batch) error {
 func (d *Decoder) decodeBatch(p []byte, b *Batch) ([]byte, error) {
 	switch msgp.NextType(p) {
 	case msgp.ArrayType:
-		n, p, err := msgp.ReadArrayHeaderBytes(p)
-		if err != nil {
-			return p, fieldErr("", err, p)
-		}
-		if n < 2 {
-			return p, &Error{Event: -1, Msg: fmt.Sprintf("array of %d elements, want at least 2 (ts, events)", n)}
-		}
-		if b.TS, p, err = readFloat(p); err != nil {
-			return p, fieldErr("ts", err, p)
-		}
-		if p, err = d.decodeEvents(p, b); err != nil {
-			return p, err
-		}
-		for i := uint32(2); i < n; i++ {
-			if i == 2 {
-				if p, err = readOptInt(p, &b.DPRank, &b.HasDPRank); err != nil {
-					return p, fieldErr("data_parallel_rank", err, p)
-				}
-				continue
-			}
-			if p, err = msgp.Skip(p); err != nil {
-				return p, fieldErr("", err, p)
-			}
-		}
-		return p, nil
+		return d.decodeArrayBatch(p, b)
 	case msgp.MapType:
-		n, p, err := msgp.ReadMapHeaderBytes(p)
-		if err != nil {
-			return p, fieldErr("", err, p)
-		}
-		var key []byte
-		sawEvents := false
-		for ; n > 0; n-- {
-			if key, p, err = msgp.ReadStringZC(p); err != nil {
-				return p, fieldErr("key", err, p)
-			}
-			switch string(key) {
-			case "ts":
-				b.TS, p, err = readFloat(p)
-			case "events":
-				sawEvents = true
-				if p, err = d.decodeEvents(p, b); err != nil {
-					return p, err
-				}
-			case "data_parallel_rank", "attn_dp_rank":
-				p, err = readOptInt(p, &b.DPRank, &b.HasDPRank)
-			default:
-				p, err = msgp.Skip(p)
-			}
-			if err != nil {
-				return p, fieldErr(string(key), err, p)
-			}
-		}
-		if !sawEvents {
-			return p, &Error{Event: -1, Field: "events", Msg: "missing"}
-		}
-		return p, nil
+		return d.decodeMapBatch(p, b)
 	}
 	return p, &Error{Event: -1, Msg: "expected array or map, got " + typeName(p)}
+}
+
+// decodeArrayBatch decodes [ts, events, rank], any slot past them skipped.
+func (d *Decoder) decodeArrayBatch(p []byte, b *Batch) ([]byte, error) {
+	n, p, err := msgp.ReadArrayHeaderBytes(p)
+	if err != nil {
+		return p, fieldErr("", err, p)
+	}
+	if n < 2 {
+		return p, &Error{Event: -1, Msg: fmt.Sprintf("array of %d elements, want at least 2 (ts, events)", n)}
+	}
+	if b.TS, p, err = readFloat(p); err != nil {
+		return p, fieldErr("ts", err, p)
+	}
+	if p, err = d.decodeEvents(p, b); err != nil {
+		return p, err
+	}
+	if n > 2 {
+		if p, err = readOptInt(p, &b.DPRank, &b.HasDPRank); err != nil {
+			return p, fieldErr("data_parallel_rank", err, p)
+		}
+	}
+	for i := uint32(3); i < n; i++ {
+		if p, err = msgp.Skip(p); err != nil {
+			return p, fieldErr("", err, p)
+		}
+	}
+	return p, nil
+}
+
+// decodeMapBatch decodes the batch of the one vLLM build that wrote a map.
+func (d *Decoder) decodeMapBatch(p []byte, b *Batch) ([]byte, error) {
+	n, p, err := msgp.ReadMapHeaderBytes(p)
+	if err != nil {
+		return p, fieldErr("", err, p)
+	}
+	var key []byte
+	sawEvents := false
+	for ; n > 0; n-- {
+		if key, p, err = msgp.ReadStringZC(p); err != nil {
+			return p, fieldErr("key", err, p)
+		}
+		switch string(key) {
+		case "ts":
+			b.TS, p, err = readFloat(p)
+		case "events":
+			sawEvents = true
+			if p, err = d.decodeEvents(p, b); err != nil {
+				return p, err
+			}
+		case "data_parallel_rank", "attn_dp_rank":
+			p, err = readOptInt(p, &b.DPRank, &b.HasDPRank)
+		default:
+			p, err = msgp.Skip(p)
+		}
+		if err != nil {
+			return p, fieldErr(string(key), err, p)
+		}
+	}
+	if !sawEvents {
+		return p, &Error{Event: -1, Field: "events", Msg: "missing"}
+	}
+	return p, nil
 }
 
 func (d *Decoder) decodeEvents(p []byte, b *Batch) ([]byte, error) {
@@ -188,28 +205,47 @@ func (d *Decoder) decodeEvents(p []byte, b *Batch) ([]byte, error) {
 		}
 		e := &b.Events[len(b.Events)-1]
 		e.reset()
-		var known bool
-		switch msgp.NextType(p) {
-		case msgp.ArrayType:
-			p, known, err = d.decodeArrayEvent(p, e, b)
-		case msgp.MapType:
-			p, known, err = d.decodeMapEvent(p, e, b)
-		default:
-			return p, &Error{Event: i, Msg: "expected array or map, got " + typeName(p)}
-		}
+		rest, known, err := d.decodeEvent(p, e, b)
 		if err != nil {
-			if fe, ok := err.(*Error); ok {
-				fe.Event = i
-				return p, fe
+			fe := eventErr(i, err, rest)
+			// An event whose extent can still be read costs only itself;
+			// one that cannot (truncated, corrupt) leaves nothing after it
+			// to trust.
+			if rest, err = msgp.Skip(p); err != nil {
+				return rest, fe
 			}
-			return p, &Error{Event: i, Msg: describe(err, p)}
+			b.Invalid = append(b.Invalid, fe)
+			known = false
+		} else if !known {
+			b.Skipped++
 		}
 		if !known {
 			b.Events = b.Events[:len(b.Events)-1]
-			b.Skipped++
 		}
+		p = rest
 	}
 	return p, nil
+}
+
+// decodeEvent decodes one event of either form into e; known is false for
+// a tag this version does not know.
+func (d *Decoder) decodeEvent(p []byte, e *Event, b *Batch) ([]byte, bool, error) {
+	switch msgp.NextType(p) {
+	case msgp.ArrayType:
+		return d.decodeArrayEvent(p, e, b)
+	case msgp.MapType:
+		return d.decodeMapEvent(p, e, b)
+	}
+	return p, false, &Error{Msg: "expected array or map, got " + typeName(p)}
+}
+
+// eventErr is err, at p, as the *Error of event i.
+func eventErr(i int, err error, p []byte) *Error {
+	if fe, ok := err.(*Error); ok {
+		fe.Event = i
+		return fe
+	}
+	return &Error{Event: i, Msg: describe(err, p), Err: err}
 }
 
 func parseTag(tag []byte) EventType {
@@ -449,7 +485,8 @@ func (s fieldSet) missing(t EventType) string {
 	return ""
 }
 
-// decodeField decodes the value of field f into e. Unknown fields are skipped.
+// decodeField decodes the value of field f into e. The fields every
+// BlockStored carries are decoded here, the others by decodeOptField.
 func (d *Decoder) decodeField(f field, p []byte, e *Event, b *Batch) ([]byte, error) {
 	var err error
 	start := p
@@ -474,40 +511,34 @@ func (d *Decoder) decodeField(f field, p []byte, e *Event, b *Batch) ([]byte, er
 	case fieldLoraID:
 		p, err = readOptInt(p, &e.LoraID, &e.HasLoraID)
 	case fieldMedium:
-		e.Medium, p, err = d.readOptString(p)
+		e.Medium, p, err = d.strs.readOptString(p)
+	default:
+		p, err = decodeOptField(&d.strs, f, p, e, b)
+	}
+	if err != nil {
+		return p, fieldErr(f.String(), err, start)
+	}
+	return p, nil
+}
+
+// decodeOptField decodes the value of one of the fields newer or other
+// engines add; unknown fields are skipped.
+func decodeOptField(in *interner, f field, p []byte, e *Event, b *Batch) ([]byte, error) {
+	var err error
+	switch f {
 	case fieldLoraName:
-		// SGLang versions with cache salts put a metadata map in this slot
-		// (BlockStoredWithMetadata): its cache_salt is read, the rest skipped.
-		// Any other type is not a name and not an error either.
-		switch msgp.NextType(p) {
-		case msgp.StrType, msgp.NilType:
-			e.LoraName, p, err = d.readOptString(p)
-		case msgp.MapType:
-			p, err = d.readMetadata(p, e)
-		default:
-			p, err = msgp.Skip(p)
-		}
+		p, err = readLoraName(in, p, e)
 	case fieldCacheSalt:
-		e.CacheSalt, p, err = d.readOptString(p)
+		e.CacheSalt, p, err = in.readOptString(p)
 	case fieldExtraKeys:
-		if msgp.IsNil(p) {
-			p = p[1:]
-			break
-		}
-		if p, err = msgp.Skip(p); err == nil {
-			n := len(b.extra)
-			b.extra = append(b.extra, start[:len(start)-len(p)]...)
-			e.ExtraKeys = b.extra[n:len(b.extra):len(b.extra)]
-		}
+		p, err = readExtraKeys(p, e, b)
 	case fieldGroupIdx:
-		var v int64
-		p, err = readOptInt(p, &v, &e.HasGroupIdx)
-		if err == nil && (v < 0 || v > 1<<20) {
-			err = fmt.Errorf("%d out of range", v)
-		}
-		e.GroupIdx = int(v)
+		p, err = readGroupIdx(in, p, e)
 	case fieldSpecKind:
-		e.SpecKind, p, err = d.readOptString(p)
+		var kind string
+		if kind, p, err = in.readOptString(p); kind != "" {
+			e.SpecKind = kind // nil keeps a kind read from the group_idx slot
+		}
 	case fieldSlidingWindow:
 		var v int64
 		p, err = readOptInt(p, &v, &e.HasSlidingWindow)
@@ -515,10 +546,54 @@ func (d *Decoder) decodeField(f field, p []byte, e *Event, b *Batch) ([]byte, er
 	default:
 		p, err = msgp.Skip(p)
 	}
-	if err != nil {
-		return p, fieldErr(f.String(), err, start)
+	return p, err
+}
+
+// readLoraName reads the lora_name slot. SGLang versions with cache salts
+// put a metadata map there (BlockStoredWithMetadata): its cache_salt is
+// read, the rest skipped. Any other type is not a name and not an error
+// either.
+func readLoraName(in *interner, p []byte, e *Event) ([]byte, error) {
+	switch msgp.NextType(p) {
+	case msgp.StrType, msgp.NilType:
+		var err error
+		e.LoraName, p, err = in.readOptString(p)
+		return p, err
+	case msgp.MapType:
+		return readMetadata(in, p, e)
 	}
-	return p, nil
+	return msgp.Skip(p)
+}
+
+// readExtraKeys keeps extra_keys' raw msgpack in b's arena; finish digests it.
+func readExtraKeys(p []byte, e *Event, b *Batch) ([]byte, error) {
+	if msgp.IsNil(p) {
+		return p[1:], nil
+	}
+	rest, err := msgp.Skip(p)
+	if err == nil {
+		n := len(b.extra)
+		b.extra = append(b.extra, p[:len(p)-len(rest)]...)
+		e.ExtraKeys = b.extra[n:len(b.extra):len(b.extra)]
+	}
+	return rest, err
+}
+
+// readGroupIdx reads group_idx: nil, an int, or, as some engines put in
+// that slot, the spec kind as a string.
+func readGroupIdx(in *interner, p []byte, e *Event) ([]byte, error) {
+	if msgp.NextType(p) == msgp.StrType {
+		var err error
+		e.SpecKind, p, err = in.readOptString(p)
+		return p, err
+	}
+	var v int64
+	p, err := readOptInt(p, &v, &e.HasGroupIdx)
+	if err == nil && (v < 0 || v > 1<<20) {
+		err = fmt.Errorf("%d out of range", v)
+	}
+	e.GroupIdx = int(v)
+	return p, err
 }
 
 func (d *Decoder) readHashes(p []byte, e *Event) ([]byte, error) {
@@ -537,16 +612,22 @@ func (d *Decoder) readHashes(p []byte, e *Event) ([]byte, error) {
 	return p, nil
 }
 
+// readTokens reads token_ids: an array of ints, or of bigrams [a, b] whose
+// chain it flattens (SGLang with EAGLE, docs/FORMAT.md §8.8).
 func (d *Decoder) readTokens(p []byte, e *Event) ([]byte, error) {
 	n, p, err := readArrayHeader(p, d.limits().MaxTokens)
 	if err != nil {
 		return p, err
 	}
-	if cap(e.TokenIDs) < int(n) {
-		e.TokenIDs = make([]uint32, 0, n)
+	if cap(e.TokenIDs) <= int(n) {
+		e.TokenIDs = make([]uint32, 0, n+1) // room for a bigram chain's last token
 	}
-	e.TokenIDs = e.TokenIDs[:0]
-	for i := 0; i < int(n); i++ {
+	e.TokenIDs, e.Bigram = e.TokenIDs[:0], false
+	if n > 0 && msgp.NextType(p) == msgp.ArrayType {
+		e.Bigram = true
+		return readBigrams(p, n, e)
+	}
+	for i := 0; i < int(n); i++ { // readToken's work inline: the hottest loop
 		var v int64
 		if v, p, err = readInt(p); err != nil {
 			return p, detail(fmt.Sprintf("[%d]: %s", i, describe(err, p)))
@@ -559,7 +640,49 @@ func (d *Decoder) readTokens(p []byte, e *Event) ([]byte, error) {
 	return p, nil
 }
 
-func (d *Decoder) readOptString(p []byte) (string, []byte, error) {
+// readBigrams reads n bigrams into e.TokenIDs: each pair's first token, then
+// the last pair's second. Each pair must start with the one before's second
+// token, or the flat form would not be the pairs' chain.
+func readBigrams(p []byte, n uint32, e *Event) ([]byte, error) {
+	var last uint32
+	for i := 0; i < int(n); i++ {
+		k, rest, err := msgp.ReadArrayHeaderBytes(p)
+		if err != nil {
+			return p, detail(fmt.Sprintf("[%d]: %s", i, describe(err, p)))
+		}
+		if k != 2 {
+			return p, detail(fmt.Sprintf("[%d]: bigram of %d elements, want 2", i, k))
+		}
+		var a, b uint32
+		if a, rest, err = readToken(rest, i); err != nil {
+			return rest, err
+		}
+		if b, rest, err = readToken(rest, i); err != nil {
+			return rest, err
+		}
+		if i > 0 && a != last {
+			return p, detail(fmt.Sprintf("[%d]: bigram starts with %d, not %d, the second token of the one before", i, a, last))
+		}
+		e.TokenIDs = append(e.TokenIDs, a)
+		last, p = b, rest
+	}
+	e.TokenIDs = append(e.TokenIDs, last)
+	return p, nil
+}
+
+// readToken reads the token id of element i of token_ids.
+func readToken(p []byte, i int) (uint32, []byte, error) {
+	v, rest, err := readInt(p)
+	if err != nil {
+		return 0, p, detail(fmt.Sprintf("[%d]: %s", i, describe(err, p)))
+	}
+	if v < 0 || v > 1<<32-1 {
+		return 0, p, detail(fmt.Sprintf("[%d]: token id %d out of range", i, v))
+	}
+	return uint32(v), rest, nil
+}
+
+func (in *interner) readOptString(p []byte) (string, []byte, error) {
 	if msgp.IsNil(p) {
 		return "", p[1:], nil
 	}
@@ -567,7 +690,7 @@ func (d *Decoder) readOptString(p []byte) (string, []byte, error) {
 	if err != nil {
 		return "", p, err
 	}
-	return d.intern(s), rest, nil
+	return in.intern(s), rest, nil
 }
 
 var errNotInt = errors.New("not an int")

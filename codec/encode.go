@@ -77,48 +77,7 @@ func AppendBatch(dst []byte, b *Batch, l Layout) []byte {
 func appendMapEvent(dst []byte, e *Event, l Layout) []byte {
 	switch e.Type {
 	case BlockStored:
-		// Fields without a default are always written; defaulted ones only when set.
-		n := uint32(7)
-		withLoraName := !l.SaltKey || e.LoraName != ""
-		withSalt := l.SaltKey && e.CacheSalt != ""
-		n += count(withLoraName) + count(withSalt)
-		n += count(e.ExtraKeys != nil) + count(e.HasGroupIdx) + count(e.SpecKind != "") + count(e.HasSlidingWindow)
-		dst = msgp.AppendMapHeader(dst, n)
-		dst = appendKey(dst, "type", "BlockStored")
-		dst = msgp.AppendString(dst, "block_hashes")
-		dst = appendHashes(dst, e.BlockHashes, l)
-		dst = msgp.AppendString(dst, "parent_block_hash")
-		dst = appendOptHash(dst, e.ParentHash, e.HasParent, l)
-		dst = msgp.AppendString(dst, "token_ids")
-		dst = appendTokens(dst, e.TokenIDs)
-		dst = msgp.AppendString(dst, "block_size")
-		dst = appendInt(dst, int64(e.BlockSize))
-		dst = msgp.AppendString(dst, "lora_id")
-		dst = appendOptInt(dst, e.LoraID, e.HasLoraID)
-		dst = msgp.AppendString(dst, "medium")
-		dst = appendOptString(dst, e.Medium)
-		if withLoraName {
-			dst = msgp.AppendString(dst, "lora_name")
-			dst = appendOptString(dst, e.LoraName)
-		}
-		if withSalt {
-			dst = appendKey(dst, "cache_salt", e.CacheSalt)
-		}
-		if e.ExtraKeys != nil {
-			dst = msgp.AppendString(dst, "extra_keys")
-			dst = append(dst, e.ExtraKeys...)
-		}
-		if e.HasGroupIdx {
-			dst = msgp.AppendString(dst, "group_idx")
-			dst = appendInt(dst, int64(e.GroupIdx))
-		}
-		if e.SpecKind != "" {
-			dst = appendKey(dst, "kv_cache_spec_kind", e.SpecKind)
-		}
-		if e.HasSlidingWindow {
-			dst = msgp.AppendString(dst, "kv_cache_spec_sliding_window")
-			dst = appendInt(dst, int64(e.SlidingWindow))
-		}
+		return appendMapStored(dst, e, l)
 	case BlockRemoved:
 		// vLLM's map form has no spec kind or window on BlockRemoved; they
 		// are written when set all the same, so that this form carries
@@ -129,23 +88,63 @@ func appendMapEvent(dst []byte, e *Event, l Layout) []byte {
 		dst = appendHashes(dst, e.BlockHashes, l)
 		dst = msgp.AppendString(dst, "medium")
 		dst = appendOptString(dst, e.Medium)
-		if e.HasGroupIdx {
-			dst = msgp.AppendString(dst, "group_idx")
-			dst = appendInt(dst, int64(e.GroupIdx))
-		}
-		if e.SpecKind != "" {
-			dst = appendKey(dst, "kv_cache_spec_kind", e.SpecKind)
-		}
-		if e.HasSlidingWindow {
-			dst = msgp.AppendString(dst, "kv_cache_spec_sliding_window")
-			dst = appendInt(dst, int64(e.SlidingWindow))
-		}
-	default:
-		if e.Medium == "" {
-			return appendKey(msgp.AppendMapHeader(dst, 1), "type", "AllBlocksCleared")
-		}
-		dst = appendKey(msgp.AppendMapHeader(dst, 2), "type", "AllBlocksCleared")
-		dst = appendKey(dst, "medium", e.Medium)
+		return appendMapGroup(dst, e)
+	}
+	if e.Medium == "" {
+		return appendKey(msgp.AppendMapHeader(dst, 1), "type", "AllBlocksCleared")
+	}
+	dst = appendKey(msgp.AppendMapHeader(dst, 2), "type", "AllBlocksCleared")
+	return appendKey(dst, "medium", e.Medium)
+}
+
+// appendMapStored writes a BlockStored map: fields without a default always,
+// defaulted ones only when set.
+func appendMapStored(dst []byte, e *Event, l Layout) []byte {
+	n := uint32(7)
+	withLoraName := !l.SaltKey || e.LoraName != ""
+	withSalt := l.SaltKey && e.CacheSalt != ""
+	n += count(withLoraName) + count(withSalt)
+	n += count(e.ExtraKeys != nil) + count(e.HasGroupIdx) + count(e.SpecKind != "") + count(e.HasSlidingWindow)
+	dst = msgp.AppendMapHeader(dst, n)
+	dst = appendKey(dst, "type", "BlockStored")
+	dst = msgp.AppendString(dst, "block_hashes")
+	dst = appendHashes(dst, e.BlockHashes, l)
+	dst = msgp.AppendString(dst, "parent_block_hash")
+	dst = appendOptHash(dst, e.ParentHash, e.HasParent, l)
+	dst = msgp.AppendString(dst, "token_ids")
+	dst = appendTokens(dst, e.TokenIDs, e.Bigram)
+	dst = msgp.AppendString(dst, "block_size")
+	dst = appendInt(dst, int64(e.BlockSize))
+	dst = msgp.AppendString(dst, "lora_id")
+	dst = appendOptInt(dst, e.LoraID, e.HasLoraID)
+	dst = msgp.AppendString(dst, "medium")
+	dst = appendOptString(dst, e.Medium)
+	if withLoraName {
+		dst = msgp.AppendString(dst, "lora_name")
+		dst = appendOptString(dst, e.LoraName)
+	}
+	if withSalt {
+		dst = appendKey(dst, "cache_salt", e.CacheSalt)
+	}
+	if e.ExtraKeys != nil {
+		dst = msgp.AppendString(dst, "extra_keys")
+		dst = append(dst, e.ExtraKeys...)
+	}
+	return appendMapGroup(dst, e)
+}
+
+// appendMapGroup writes the group fields of a map event that are set.
+func appendMapGroup(dst []byte, e *Event) []byte {
+	if e.HasGroupIdx {
+		dst = msgp.AppendString(dst, "group_idx")
+		dst = appendInt(dst, int64(e.GroupIdx))
+	}
+	if e.SpecKind != "" {
+		dst = appendKey(dst, "kv_cache_spec_kind", e.SpecKind)
+	}
+	if e.HasSlidingWindow {
+		dst = msgp.AppendString(dst, "kv_cache_spec_sliding_window")
+		dst = appendInt(dst, int64(e.SlidingWindow))
 	}
 	return dst
 }
@@ -174,7 +173,7 @@ func appendArrayEvent(dst []byte, e *Event, l Layout) []byte {
 		case fieldParent:
 			dst = appendOptHash(dst, e.ParentHash, e.HasParent, l)
 		case fieldTokenIDs:
-			dst = appendTokens(dst, e.TokenIDs)
+			dst = appendTokens(dst, e.TokenIDs, e.Bigram)
 		case fieldBlockSize:
 			dst = appendInt(dst, int64(e.BlockSize))
 		case fieldLoraID:
@@ -295,7 +294,17 @@ func appendOptHash(dst []byte, h uint64, ok bool, l Layout) []byte {
 	return appendHash(dst, h, l)
 }
 
-func appendTokens(dst []byte, tokens []uint32) []byte {
+// appendTokens writes tokens, as bigrams [[t0,t1],[t1,t2],...] when bigram
+// is set (SGLang with EAGLE) and there are two or more.
+func appendTokens(dst []byte, tokens []uint32, bigram bool) []byte {
+	if bigram && len(tokens) > 1 {
+		dst = msgp.AppendArrayHeader(dst, uint32(len(tokens)-1))
+		for i := 1; i < len(tokens); i++ {
+			dst = msgp.AppendArrayHeader(dst, 2)
+			dst = msgp.AppendUint32(msgp.AppendUint32(dst, tokens[i-1]), tokens[i])
+		}
+		return dst
+	}
 	dst = msgp.AppendArrayHeader(dst, uint32(len(tokens)))
 	for _, t := range tokens {
 		dst = msgp.AppendUint32(dst, t)

@@ -33,6 +33,11 @@ type Batch struct {
 	HasDPRank bool
 	// Skipped counts events with an unknown tag that Decode left out.
 	Skipped int
+	// Invalid holds the error of each event Decode could not read (a field
+	// of the wrong type or out of range, a required field missing, an event
+	// that is not an array or a map), in event order. Such an event is left
+	// out of Events; the batch's other events are kept (docs/FORMAT.md §8.7).
+	Invalid []*Error
 
 	extra []byte // arena backing Event.ExtraKeys
 }
@@ -44,12 +49,17 @@ type Event struct {
 	BlockHashes []uint64 // engine hashes, 64 bits kept whatever their msgpack form
 	ParentHash  uint64
 	HasParent   bool
-	TokenIDs    []uint32
-	BlockSize   int
-	LoraID      int64
-	HasLoraID   bool
-	Medium      string // "" when absent or nil
-	LoraName    string
+	// TokenIDs are the block's tokens. An SGLang engine with EAGLE-family
+	// speculative decoding sends them as bigrams, [[1,2],[2,3],[3,4]]:
+	// those are flattened back to [1,2,3,4] and Bigram is set, and each
+	// block's tokens then run one past its end (index.Hasher.EagleKeys).
+	TokenIDs  []uint32
+	Bigram    bool
+	BlockSize int
+	LoraID    int64
+	HasLoraID bool
+	Medium    string // "" when absent or nil
+	LoraName  string
 	// CacheSalt is the request's cache salt: SGLang's cache_salt (a map key,
 	// or the metadata map some versions put in the lora_name slot), else the
 	// salt vLLM states in the extra keys of a root event's first block. ""

@@ -58,7 +58,7 @@ func extraErr(block, entry int, format string, args ...any) error {
 
 // readMetadata reads SGLang's metadata map in the lora_name slot: its
 // cache_salt (str or nil), other keys skipped.
-func (d *Decoder) readMetadata(p []byte, e *Event) ([]byte, error) {
+func readMetadata(in *interner, p []byte, e *Event) ([]byte, error) {
 	n, p, err := msgp.ReadMapHeaderBytes(p)
 	if err != nil {
 		return p, err
@@ -75,7 +75,7 @@ func (d *Decoder) readMetadata(p []byte, e *Event) ([]byte, error) {
 			continue
 		}
 		start := p
-		if e.CacheSalt, p, err = d.readOptString(p); err != nil {
+		if e.CacheSalt, p, err = in.readOptString(p); err != nil {
 			return p, detail("cache_salt: " + describe(err, start))
 		}
 	}
@@ -144,7 +144,7 @@ func (d *Decoder) findSalt(p []byte, lora string) string {
 		case msgp.MapType:
 			if kind, ok := typedKind(p); ok && string(kind) == "cache_salt" {
 				if salt, ok := mapString(p, "salt"); ok {
-					return d.intern(salt)
+					return d.strs.intern(salt)
 				}
 			}
 		}
@@ -155,7 +155,7 @@ func (d *Decoder) findSalt(p []byte, lora string) string {
 	if bare == nil {
 		return ""
 	}
-	return d.intern(bare)
+	return d.strs.intern(bare)
 }
 
 // typedKind returns the "type" of a map entry, ok false when it has none or
@@ -288,30 +288,23 @@ func readMMPair(p []byte) (hash []byte, off int64, rest []byte, ok bool) {
 
 // digestTyped adds a typed entry of the given kind at p.
 func digestTyped(dg *extrakeys.Digest, p []byte, kind []byte, e *Event, i, j int) ([]byte, error) {
-	start := p
-	n, p, err := msgp.ReadMapHeaderBytes(p)
-	if err != nil {
-		return p, extraErr(i, j, "%s", describe(err, p))
-	}
-	var (
-		hash, name, embeds, value []byte
-		off                       int64
-		hasHash, hasOff, hasName  bool
-		hasEmbeds, hasValue       bool
-		nameKey                   string // the field holding a lora or salt key's string
-	)
+	t := typedEntry{kind: kind}
 	switch string(kind) {
 	case "mm", "prompt_embeds", "legacy":
 	case "lora":
-		nameKey = "name"
+		t.nameKey = "name"
 	case "cache_salt":
-		nameKey = "salt"
+		t.nameKey = "salt"
 	default: // an unknown kind: its whole map is raw content
-		rest, err := digestRaw(dg, start, 0)
+		rest, err := digestRaw(dg, p, 0)
 		if err != nil {
 			return rest, extraErr(i, j, "%s", describe(err, rest))
 		}
 		return rest, nil
+	}
+	n, p, err := msgp.ReadMapHeaderBytes(p)
+	if err != nil {
+		return p, extraErr(i, j, "%s", describe(err, p))
 	}
 	var key []byte
 	for ; n > 0; n-- {
@@ -319,71 +312,91 @@ func digestTyped(dg *extrakeys.Digest, p []byte, kind []byte, e *Event, i, j int
 			return p, extraErr(i, j, "%s: key: %s", kind, describe(err, p))
 		}
 		at := p
-		switch {
-		case string(key) == "type":
-			p, err = msgp.Skip(p)
-		case string(kind) == "mm" && string(key) == "hash":
-			hash, p, err = msgp.ReadStringZC(p)
-			hasHash = err == nil
-		case string(kind) == "mm" && string(key) == "block_offset":
-			off, p, err = readInt(p)
-			hasOff = err == nil
-		case string(kind) == "mm" && string(key) == "modality":
-			if msgp.IsNil(p) {
-				p = p[1:]
-			} else {
-				_, p, err = msgp.ReadStringZC(p)
-			}
-		case string(kind) == "prompt_embeds" && string(key) == "hash":
-			embeds, p, err = msgp.ReadBytesZC(p)
-			hasEmbeds = err == nil
-		case string(kind) == "legacy" && string(key) == "value":
-			value = p
-			p, err = msgp.Skip(p)
-			hasValue = err == nil
-		case nameKey != "" && string(key) == nameKey:
-			name, p, err = msgp.ReadStringZC(p)
-			hasName = err == nil
-		default:
-			p, err = msgp.Skip(p)
-		}
-		if err != nil {
+		if p, err = t.field(key, p); err != nil {
 			return at, extraErr(i, j, "%s: %s: %s", kind, key, describe(err, at))
 		}
 	}
-	missing := func(f string) ([]byte, error) {
-		return p, extraErr(i, j, "%s: %s: missing", kind, f)
+	return p, t.fold(dg, e, i, j)
+}
+
+// typedEntry is what digestTyped reads of one typed extra key (a map with a
+// known "type").
+type typedEntry struct {
+	kind                      []byte
+	nameKey                   string // the field holding a lora or salt key's string
+	hash, name, embeds, value []byte
+	off                       int64
+	hasHash, hasOff, hasName  bool
+	hasEmbeds, hasValue       bool
+}
+
+// field reads the value of key at p, skipping what the kind does not use.
+func (t *typedEntry) field(key, p []byte) ([]byte, error) {
+	var err error
+	switch kind := string(t.kind); {
+	case string(key) == "type":
+		p, err = msgp.Skip(p)
+	case kind == "mm" && string(key) == "hash":
+		t.hash, p, err = msgp.ReadStringZC(p)
+		t.hasHash = err == nil
+	case kind == "mm" && string(key) == "block_offset":
+		t.off, p, err = readInt(p)
+		t.hasOff = err == nil
+	case kind == "mm" && string(key) == "modality":
+		if msgp.IsNil(p) {
+			p = p[1:]
+		} else {
+			_, p, err = msgp.ReadStringZC(p)
+		}
+	case kind == "prompt_embeds" && string(key) == "hash":
+		t.embeds, p, err = msgp.ReadBytesZC(p)
+		t.hasEmbeds = err == nil
+	case kind == "legacy" && string(key) == "value":
+		t.value = p
+		p, err = msgp.Skip(p)
+		t.hasValue = err == nil
+	case t.nameKey != "" && string(key) == t.nameKey:
+		t.name, p, err = msgp.ReadStringZC(p)
+		t.hasName = err == nil
+	default:
+		p, err = msgp.Skip(p)
 	}
-	switch string(kind) {
+	return p, err
+}
+
+// fold adds the entry's contribution to dg, or says why it cannot.
+func (t *typedEntry) fold(dg *extrakeys.Digest, e *Event, i, j int) error {
+	missing := func(f string) error { return extraErr(i, j, "%s: %s: missing", t.kind, f) }
+	switch string(t.kind) {
 	case "mm":
-		if !hasHash {
+		if !t.hasHash {
 			return missing("hash")
 		}
-		if !hasOff {
+		if !t.hasOff {
 			return missing("block_offset")
 		}
-		dg.MultiModalBytes(hash, off)
+		dg.MultiModalBytes(t.hash, t.off)
 	case "prompt_embeds":
-		if !hasEmbeds {
+		if !t.hasEmbeds {
 			return missing("hash")
 		}
-		dg.Raw(rawBin, embeds, 0)
+		dg.Raw(rawBin, t.embeds, 0)
 	case "legacy":
-		if !hasValue {
+		if !t.hasValue {
 			return missing("value")
 		}
-		if _, err := digestRaw(dg, value, 0); err != nil {
-			return p, extraErr(i, j, "legacy: value: %s", describe(err, value))
+		if _, err := digestRaw(dg, t.value, 0); err != nil {
+			return extraErr(i, j, "legacy: value: %s", describe(err, t.value))
 		}
 	default: // lora, cache_salt
-		if !hasName {
-			return missing(nameKey)
+		if !t.hasName {
+			return missing(t.nameKey)
 		}
-		if !isNamespace(name, e) {
-			dg.Raw(rawStr, name, 0)
+		if !isNamespace(t.name, e) {
+			dg.Raw(rawStr, t.name, 0)
 		}
 	}
-	return p, nil
+	return nil
 }
 
 // digestRaw feeds the msgpack value at p to dg as canonical pieces.
@@ -391,6 +404,42 @@ func digestRaw(dg *extrakeys.Digest, p []byte, depth int) ([]byte, error) {
 	if depth > maxExtraDepth {
 		return p, detail(fmt.Sprintf("nested deeper than %d levels", maxExtraDepth))
 	}
+	switch msgp.NextType(p) {
+	case msgp.ArrayType:
+		n, rest, err := readArrayHeader(p, math.MaxInt32)
+		if err != nil {
+			return p, err
+		}
+		dg.Raw(rawArray, nil, uint64(n))
+		return digestRawN(dg, rest, int(n), depth)
+	case msgp.MapType:
+		n, rest, err := msgp.ReadMapHeaderBytes(p)
+		if err != nil {
+			return p, err
+		}
+		if int(n) > len(rest)/2 {
+			return p, fmt.Errorf("map of %d pairs in %d remaining bytes", n, len(rest))
+		}
+		dg.Raw(rawMap, nil, uint64(n))
+		return digestRawN(dg, rest, 2*int(n), depth)
+	}
+	return digestScalar(dg, p)
+}
+
+// digestRawN digests the n values at p, one level below depth.
+func digestRawN(dg *extrakeys.Digest, p []byte, n, depth int) ([]byte, error) {
+	var err error
+	for ; n > 0; n-- {
+		if p, err = digestRaw(dg, p, depth+1); err != nil {
+			return p, err
+		}
+	}
+	return p, nil
+}
+
+// digestScalar feeds the msgpack value at p, anything but an array or a
+// map, to dg.
+func digestScalar(dg *extrakeys.Digest, p []byte) ([]byte, error) {
 	var err error
 	switch msgp.NextType(p) {
 	case msgp.NilType:
@@ -411,11 +460,11 @@ func digestRaw(dg *extrakeys.Digest, p []byte, depth int) ([]byte, error) {
 		if err != nil {
 			return p, err
 		}
+		tag := byte(rawUint)
 		if neg {
-			dg.Raw(rawNeg, nil, v)
-		} else {
-			dg.Raw(rawUint, nil, v)
+			tag = rawNeg
 		}
+		dg.Raw(tag, nil, v)
 		return rest, nil
 	case msgp.Float32Type, msgp.Float64Type:
 		var f float64
@@ -423,45 +472,16 @@ func digestRaw(dg *extrakeys.Digest, p []byte, depth int) ([]byte, error) {
 			dg.Raw(rawFloat, nil, math.Float64bits(f))
 		}
 		return p, err
-	case msgp.StrType:
-		var s []byte
-		if s, p, err = msgp.ReadStringZC(p); err == nil {
-			dg.Raw(rawStr, s, 0)
+	case msgp.StrType, msgp.BinType:
+		tag, read := byte(rawStr), msgp.ReadStringZC
+		if msgp.NextType(p) == msgp.BinType {
+			tag, read = rawBin, msgp.ReadBytesZC
 		}
-		return p, err
-	case msgp.BinType:
 		var b []byte
-		if b, p, err = msgp.ReadBytesZC(p); err == nil {
-			dg.Raw(rawBin, b, 0)
+		if b, p, err = read(p); err == nil {
+			dg.Raw(tag, b, 0)
 		}
 		return p, err
-	case msgp.ArrayType:
-		n, rest, err := readArrayHeader(p, math.MaxInt32)
-		if err != nil {
-			return p, err
-		}
-		dg.Raw(rawArray, nil, uint64(n))
-		for ; n > 0; n-- {
-			if rest, err = digestRaw(dg, rest, depth+1); err != nil {
-				return rest, err
-			}
-		}
-		return rest, nil
-	case msgp.MapType:
-		n, rest, err := msgp.ReadMapHeaderBytes(p)
-		if err != nil {
-			return p, err
-		}
-		if int(n) > len(rest)/2 {
-			return p, fmt.Errorf("map of %d pairs in %d remaining bytes", n, len(rest))
-		}
-		dg.Raw(rawMap, nil, uint64(n))
-		for n *= 2; n > 0; n-- {
-			if rest, err = digestRaw(dg, rest, depth+1); err != nil {
-				return rest, err
-			}
-		}
-		return rest, nil
 	}
 	if hdr := extHeader(p); hdr > 0 { // msgp names some ext types (time, complex) on their own
 		rest, err := msgp.Skip(p)

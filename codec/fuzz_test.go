@@ -24,6 +24,8 @@ func FuzzDecode(f *testing.F) {
 		f.Add(AppendBatch(nil, &full, l))
 		extra := extraKeysBatch()
 		f.Add(AppendBatch(nil, &extra, l))
+		eagle := eagleBatch()
+		f.Add(AppendBatch(nil, &eagle, l))
 	}
 	d := NewDecoder()
 	var first, second Batch
@@ -34,7 +36,7 @@ func FuzzDecode(f *testing.F) {
 			}
 			return
 		}
-		first.Skipped = 0 // unknown events are not re-encoded
+		first.Skipped, first.Invalid = 0, nil // unknown and unreadable events are not re-encoded
 		for _, l := range []Layout{{SaltKey: true}, {ArrayEvents: true, SaltKey: true}} {
 			if l.ArrayEvents && saltBesideLora(&first) {
 				continue

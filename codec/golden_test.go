@@ -42,10 +42,11 @@ var batchCmp = cmp.Options{cmpopts.IgnoreUnexported(Batch{}), cmpopts.EquateEmpt
 // the file byte for byte; nil where the encoder cannot write the file (why
 // says what it lacks).
 var goldens = []struct {
-	file   string
-	want   Batch
-	layout *Layout
-	why    string
+	file    string
+	want    Batch
+	invalid []string // the errors of the events left out, in Batch.Invalid
+	layout  *Layout
+	why     string
 }{
 	{file: "vllm_map.hex", layout: &CurrentVLLM, want: Batch{TS: 1.5, HasDPRank: true, Events: []Event{
 		{Type: BlockStored, BlockHashes: []uint64{18446744073709551615, 7}, TokenIDs: []uint32{1, 2, 3, 256}, BlockSize: 2, Medium: "GPU"},
@@ -103,6 +104,16 @@ var goldens = []struct {
 			{Type: BlockStored, BlockHashes: []uint64{0xfedcba9876543210}, ParentHash: 0x9000000000000000, HasParent: true,
 				TokenIDs: []uint32{3, 4}, BlockSize: 2, LoraID: 3, HasLoraID: true, Medium: "GPU", CacheSalt: "tenant-b"},
 		}}},
+	{file: "sglang_eagle_map.hex", layout: &Layout{SignedHashes: true, SaltKey: true}, want: Batch{TS: 9, HasDPRank: true, Events: []Event{
+		{Type: BlockStored, BlockHashes: []uint64{0xfedcba9876543211}, ParentHash: 0x8123456789abcdf0, HasParent: true,
+			TokenIDs: []uint32{7, 8, 9, 10}, Bigram: true, BlockSize: 3, Medium: "GPU"},
+	}}},
+	{file: "sglang_eagle_array.hex", why: "an unreadable event, and a string in the group_idx slot",
+		want: Batch{TS: 8, HasDPRank: true, Events: []Event{
+			{Type: BlockStored, BlockHashes: []uint64{0xeeeeeeeeeeeeeeef}, TokenIDs: []uint32{5, 6, 7}, Bigram: true, BlockSize: 2, Medium: "GPU"},
+			{Type: BlockStored, BlockHashes: []uint64{4}, TokenIDs: []uint32{1, 2}, BlockSize: 2, SpecKind: "mamba"},
+		}},
+		invalid: []string{"event 1: token_ids: [1]: bigram starts with 9, not 8, the second token of the one before"}},
 }
 
 // The extra_keys of vllm_{typed,tuple}_extra_keys.hex and
@@ -142,6 +153,14 @@ func TestGoldenVectors(t *testing.T) {
 			if err := d.Decode(raw, &got); err != nil {
 				t.Fatal(err)
 			}
+			var invalid []string
+			for _, e := range got.Invalid {
+				invalid = append(invalid, e.Error())
+			}
+			if diff := cmp.Diff(g.invalid, invalid); diff != "" {
+				t.Errorf("unreadable events (-want +got):\n%s", diff)
+			}
+			got.Invalid = nil
 			if diff := cmp.Diff(g.want, got, batchCmp); diff != "" {
 				t.Errorf("decode mismatch (-want +got):\n%s", diff)
 			}

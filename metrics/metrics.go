@@ -21,10 +21,10 @@ func newDesc(name, help string, typ prometheus.ValueType, labels ...string) desc
 
 // Collector turns a pipeline's Stats into metrics at every scrape.
 type Collector struct {
-	stats                                                                                      func() kvpipe.Stats
-	latency                                                                                    *prometheus.Desc
-	counters                                                                                   []workerMetric
-	events, filtered, protocol, indexed, tiers, partial, connected, queue, nodes, shardUnknown desc
+	stats                                                                                             func() kvpipe.Stats
+	latency                                                                                           *prometheus.Desc
+	counters                                                                                          []workerMetric
+	events, filtered, protocol, indexed, tiers, partial, eagle, connected, queue, nodes, shardUnknown desc
 }
 
 type workerMetric struct {
@@ -76,6 +76,7 @@ func NewCollector(stats func() kvpipe.Stats) *Collector {
 	c.indexed = newDesc("indexed_blocks", "Blocks the worker holds on device in the index.", prometheus.GaugeValue, "worker")
 	c.tiers = newDesc("tier_blocks", "Blocks the worker holds in the index, by tier (device, host, disk, remote).", prometheus.GaugeValue, "worker", "tier")
 	c.partial = newDesc("partial", "1 while the worker's entries may lack blocks its engine holds (after a resync, or a late start).", prometheus.GaugeValue, "worker")
+	c.eagle = newDesc("eagle", "1 while the worker's blocks are keyed over EAGLE windows (SGLang bigram events, speculative decoding).", prometheus.GaugeValue, "worker")
 	c.connected = newDesc("connected", "1 while the worker's SUB socket is connected.", prometheus.GaugeValue, "worker")
 	c.queue = newDesc("shard_queue_depth", "Batches waiting at a shard.", prometheus.GaugeValue, "shard")
 	c.nodes = newDesc("index_nodes", "Blocks some worker of the shard holds (entries of its table).", prometheus.GaugeValue, "shard")
@@ -84,7 +85,7 @@ func NewCollector(stats func() kvpipe.Stats) *Collector {
 }
 
 func (c *Collector) all() []desc {
-	out := []desc{c.events, c.filtered, c.protocol, c.indexed, c.tiers, c.partial, c.connected, c.queue, c.nodes, c.shardUnknown}
+	out := []desc{c.events, c.filtered, c.protocol, c.indexed, c.tiers, c.partial, c.eagle, c.connected, c.queue, c.nodes, c.shardUnknown}
 	for _, m := range c.counters {
 		out = append(out, m.desc)
 	}
@@ -124,6 +125,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			emit(c.tiers, float64(n), w.Name, index.Tier(t).String())
 		}
 		emit(c.partial, gauge(w.Actor.Partial), w.Name)
+		emit(c.eagle, gauge(w.Actor.Eagle), w.Name)
 		emit(c.connected, gauge(w.Wire.Connected), w.Name)
 	}
 	for i, s := range snap.Shards {

@@ -2,16 +2,47 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/natstest"
+	"github.com/kvpipe/kvpipe/metrics"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 )
+
+// gathered reads a gauge or counter of one worker from reg; it fails the
+// test when reg does not serve it.
+func gathered(t *testing.T, reg *prometheus.Registry, name, worker string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "worker" && l.GetValue() == worker {
+					if m.GetGauge() != nil {
+						return m.GetGauge().GetValue()
+					}
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("%s{worker=%q} not served", name, worker)
+	return 0
+}
 
 // NATS stops in the middle of the stream and comes back on the same store:
 // the relay's workers retry until their publishes go through, none lost
@@ -193,8 +224,12 @@ func TestSecondRelay(t *testing.T) {
 	if err := exact(r.p, a, b); err != nil {
 		t.Error(err)
 	}
+	// A publish whose acknowledgement timed out (under load) is tried
+	// again and acknowledged as a duplicate of itself: each retry may turn
+	// one message a relay stored into one it counts as a copy.
 	st1, st2, ss := r1.Stats(), r2.Stats(), streamState(t, js, s)
-	if st2.Duplicates == 0 || ss.Msgs != st1.Published-st1.Duplicates+st2.Published-st2.Duplicates {
+	fresh := st1.Published - st1.Duplicates + st2.Published - st2.Duplicates
+	if st2.Duplicates == 0 || ss.Msgs < fresh || ss.Msgs > fresh+st1.Retries+st2.Retries {
 		t.Errorf("relays %+v and %+v, stream %+v: want the second's catch-up all duplicates", st1, st2, ss)
 	}
 	seen := map[string]bool{}
@@ -231,8 +266,12 @@ func forEachMessage(t *testing.T, js jetstream.JetStream, s Settings, f func(*je
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A deadline for each message, not for all of them: a loaded machine
+	// slows every read, and a stream holds hundreds.
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
-		m, err := st.GetMsg(ctx, seq)
+		mctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		m, err := st.GetMsg(mctx, seq)
+		cancel()
 		if err != nil {
 			t.Fatalf("message %d: %v", seq, err)
 		}
@@ -419,6 +458,9 @@ func TestBadSnapshots(t *testing.T) {
 // the new incarnation, and starts its pipeline again from its snapshot;
 // its next snapshot is of the new stream, and a router started on it is
 // exact.
+//
+// A collector over the relay's current pipeline, registered once by the
+// caller, serves the metrics throughout and reads the new pipeline.
 func TestStreamDeletedUnderARunningRelay(t *testing.T) {
 	t.Parallel()
 	_, js := startServer(t)
@@ -426,8 +468,15 @@ func TestStreamDeletedUnderARunningRelay(t *testing.T) {
 	a := newEngine(t, "a")
 	reqs := trace(400, 9)
 	cfg := relayConfig(s)
-	cfg.SnapshotEvery = 50 * time.Millisecond
+	cfg.SnapshotEvery = 50 * time.Millisecond // a snapshot is where the relay finds the stream changed
 	rr := startRelay(t, js, cfg, a)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(metrics.NewCollector(func() kvpipe.Stats {
+		if p := rr.Pipeline(); p != nil {
+			return p.Stats()
+		}
+		return kvpipe.Stats{}
+	}))
 	a.serve(reqs[:150])
 	relayed(t, rr, a)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -450,22 +499,37 @@ func TestStreamDeletedUnderARunningRelay(t *testing.T) {
 	})
 	a.serve(reqs[250:])
 	relayed(t, rr, a)
-	eventually(t, "a snapshot of the new stream", func() error {
-		// Read while the relay writes one every 50ms: a read overtaken by
-		// a write fails, and is tried again.
-		_, meta, err := loadSnapshot(js, s)
-		if err != nil {
-			return err
-		}
-		info, err := js.Stream(ctx, s.Stream)
-		if err != nil {
-			return err
-		}
-		if !meta.StreamCreated.Equal(info.CachedInfo().Created) {
-			return fmt.Errorf("snapshot of the old stream")
-		}
-		return nil
-	})
+	p := rr.Pipeline()
+	if p == nil {
+		t.Fatal("the relay stopped on the new stream")
+	}
+	w, ok := p.Stats().Worker("a")
+	if !ok {
+		t.Fatal("the new pipeline has no worker a")
+	}
+	if got := gathered(t, reg, "kvpipe_indexed_blocks", "a"); got != float64(w.Actor.IndexedBlocks) || got == 0 {
+		t.Errorf("kvpipe_indexed_blocks{worker=a} = %v, the new pipeline's worker holds %d", got, w.Actor.IndexedBlocks)
+	}
+	// The relay stops, writing its last snapshot: a snapshot read while the
+	// relay writes the next fails, and on a loaded machine a read can take
+	// longer than the 50ms between writes.
+	rr.stop()
+	if rr.err != nil && !errors.Is(rr.err, context.Canceled) {
+		t.Fatalf("relay: %v", rr.err)
+	}
+	_, meta, err := loadSnapshot(js, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	info, err := js.Stream(ctx, s.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !meta.StreamCreated.Equal(info.CachedInfo().Created) {
+		t.Fatal("the relay's snapshot is of the old stream")
+	}
 	r := startRouter(t, js, s)
 	caughtUp(t, js, s, r)
 	if err := exact(r.p, a); err != nil {
@@ -637,8 +701,10 @@ func TestWorkerRemovedAndAddedAgain(t *testing.T) {
 	if err := sameBlocks(rr.Pipeline(), r); err != nil {
 		t.Error(err)
 	}
-	if st := rr.Stats(); st.Duplicates != 0 || st.Resets != 0 {
-		t.Errorf("relay %+v: want no duplicate and no reset", st)
+	// A publish retried after its acknowledgement timed out (under load)
+	// is acknowledged as a copy of itself: only those may be duplicates.
+	if st := rr.Stats(); st.Duplicates > st.Retries || st.Resets != 0 {
+		t.Errorf("relay %+v: want no duplicate but of a retry, and no reset", st)
 	}
 }
 

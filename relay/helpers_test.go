@@ -118,8 +118,8 @@ func relayConfig(s Settings) Config {
 		Settings: s,
 		Pipeline: kvpipe.Config{BlockSize: bs, Logger: testLogger(),
 			Subscriber: wire.Options{ReconnectMin: 10 * time.Millisecond, ReconnectMax: 100 * time.Millisecond}},
-		SnapshotEvery:  time.Hour, // tests write snapshots when they want them
-		PublishTimeout: 500 * time.Millisecond,
+		SnapshotEvery:  time.Hour,       // tests write snapshots when they want them
+		PublishTimeout: 2 * time.Second, // the default: a loaded machine acknowledges late, and each retry is a copy
 		RetryMin:       10 * time.Millisecond, RetryMax: 100 * time.Millisecond,
 	}
 }

@@ -83,6 +83,10 @@ type Relay struct {
 	other  atomic.Uint64
 	stats  counters
 
+	// switching is held while one pipeline gives way to the next (the
+	// stream changed), and by AddWorker and RemoveWorker, which wait for it.
+	switching sync.Mutex
+
 	mu      sync.Mutex
 	workers map[string]kvpipe.WorkerConfig
 	cur     *run // the pipeline running, or to run next
@@ -240,6 +244,8 @@ func (r *Relay) newRun() (*run, error) {
 // AddWorker subscribes to one engine, as Pipeline.AddWorker does; the
 // relay keeps its config across its pipelines.
 func (r *Relay) AddWorker(name string, wc kvpipe.WorkerConfig) error {
+	r.switching.Lock()
+	defer r.switching.Unlock()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.cur == nil {
@@ -257,6 +263,8 @@ func (r *Relay) AddWorker(name string, wc kvpipe.WorkerConfig) error {
 // message is sent until the stream has it, even past the pipeline's wait
 // for it, and a worker added again under the name waits for it.
 func (r *Relay) RemoveWorker(ctx context.Context, name string) error {
+	r.switching.Lock()
+	defer r.switching.Unlock()
 	r.mu.Lock()
 	if _, ok := r.workers[name]; !ok {
 		r.mu.Unlock()
@@ -339,10 +347,15 @@ func (r *Relay) lead(ctx context.Context, ru *run) error {
 		}
 		r.stats.streamChanges.Add(1)
 		r.log.Error("kvpipe/relay: the stream was deleted or made again under the relay: starting again from the last snapshot")
-		next, err := r.nextRun()
-		// What the old pipeline still sends belongs to the old stream.
+		// What the old pipeline still sends belongs to the old stream. It
+		// stops before the next one is made; AddWorker and RemoveWorker
+		// wait for the switch, so that neither meets a pipeline that is
+		// stopping.
+		r.switching.Lock()
 		ru.stopSettling()
 		ru.finish(context.WithoutCancel(ctx))
+		next, err := r.nextRun()
+		r.switching.Unlock()
 		if err != nil {
 			return err
 		}
@@ -356,8 +369,7 @@ func (r *Relay) lead(ctx context.Context, ru *run) error {
 }
 
 // nextRun makes the relay's next pipeline with its workers and makes it
-// current, before the last one stops, so that AddWorker never meets a
-// pipeline that is stopping.
+// current.
 func (r *Relay) nextRun() (*run, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

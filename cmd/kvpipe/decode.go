@@ -59,6 +59,13 @@ func decodeCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "kvpipe decode:", err)
 		return 1
 	}
+	// The events it could not read: each costs only itself, as in a worker.
+	for _, err := range batch.Invalid {
+		fmt.Fprintln(stderr, "kvpipe decode: unreadable event left out:", err)
+	}
+	if len(batch.Invalid) > 0 {
+		return 1
+	}
 	return 0
 }
 

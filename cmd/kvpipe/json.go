@@ -36,14 +36,8 @@ func appendEventJSON(dst []byte, e *codec.Event) []byte {
 		} else {
 			dst = append(dst, "null"...)
 		}
-		dst = append(dst, `,"token_ids":[`...)
-		for i, t := range e.TokenIDs {
-			if i > 0 {
-				dst = append(dst, ',')
-			}
-			dst = strconv.AppendUint(dst, uint64(t), 10)
-		}
-		dst = append(dst, `],"block_size":`...)
+		dst = appendTokensJSON(dst, e)
+		dst = append(dst, `,"block_size":`...)
 		dst = strconv.AppendInt(dst, int64(e.BlockSize), 10)
 		dst = appendOptInt(dst, "lora_id", e.LoraID, e.HasLoraID)
 	}
@@ -67,6 +61,23 @@ func appendEventJSON(dst []byte, e *codec.Event) []byte {
 	dst = appendOptString(dst, "kv_cache_spec_kind", e.SpecKind)
 	dst = appendOptInt(dst, "kv_cache_spec_sliding_window", int64(e.SlidingWindow), e.HasSlidingWindow)
 	return append(dst, '}')
+}
+
+// appendTokensJSON writes token_ids, flattened as decoded, and "bigram"
+// when the engine sent them as bigrams.
+func appendTokensJSON(dst []byte, e *codec.Event) []byte {
+	dst = append(dst, `,"token_ids":[`...)
+	for i, t := range e.TokenIDs {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = strconv.AppendUint(dst, uint64(t), 10)
+	}
+	dst = append(dst, ']')
+	if e.Bigram {
+		dst = append(dst, `,"bigram":true`...)
+	}
+	return dst
 }
 
 func appendOptInt(dst []byte, key string, v int64, ok bool) []byte {

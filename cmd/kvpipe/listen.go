@@ -139,6 +139,9 @@ func (o *observer) batch(worker string, seq uint64, payload []byte) {
 			o.out.Write(o.line)
 		}
 		o.out.Flush()
+		for _, err := range o.decoded.Invalid {
+			fmt.Fprintf(o.stderr, "kvpipe listen: worker %s: seq %d: unreadable event left out: %v\n", worker, seq, err)
+		}
 	}
 	o.mu.Unlock()
 	if n := o.batches.Add(1); o.exitAfter > 0 && n >= o.exitAfter {

@@ -6,7 +6,9 @@
 // Pipeline ingests them. The engines behave as real ones do: partial tail
 // blocks, a sliding-window group beside the full-attention one, CPU offload
 // of evicted blocks, and some conversations on LoRA adapters (each can be
-// switched off). At the end it compares the prefix-hit rate of that routing,
+// switched off); the last --eagle engines are SGLang ones with EAGLE
+// speculative decoding (bigram events, keys over EAGLE windows), routed
+// beside the plain ones. At the end it compares the prefix-hit rate of that routing,
 // per tier, with random routing of the same requests.
 //
 //	go run ./examples/replay [--workers 4] [--speedup 100] [--capacity 30000] [--metrics :9090]
@@ -46,6 +48,8 @@ type options struct {
 	// How real the engines are.
 	partialTails, lora        bool
 	slidingWindow, hostBlocks int
+	// eagle: the last this many engines run SGLang with EAGLE.
+	eagle int
 	// restartAt > 0: restart the router at that fraction of the trace, with
 	// and without a snapshot, and compare.
 	restartAt float64
@@ -58,9 +62,15 @@ type options struct {
 	nats bool
 }
 
-// engineOptions are the simulated engines' behaviours o asks for.
-func (o options) engineOptions() []sim.Option {
+// isEagle reports whether engine i runs SGLang with EAGLE.
+func (o options) isEagle(i int) bool { return i >= o.workers-o.eagle }
+
+// engineOptions are the behaviours o asks for of engine i.
+func (o options) engineOptions(i int) []sim.Option {
 	var opts []sim.Option
+	if o.isEagle(i) {
+		opts = append(opts, sim.WithEagle())
+	}
 	if o.partialTails {
 		opts = append(opts, sim.WithPartialTails())
 	}
@@ -91,6 +101,7 @@ func main() {
 	flag.IntVar(&o.slidingWindow, "sliding-window", 4096, "engines run a hybrid model whose second group is a sliding window of this many tokens (0: none)")
 	flag.IntVar(&o.hostBlocks, "host-capacity", 100_000, "blocks each engine's CPU offload tier holds (0: no offload)")
 	flag.BoolVar(&o.lora, "lora", true, "some conversations run on LoRA adapters")
+	flag.IntVar(&o.eagle, "eagle", 1, "the last N engines run SGLang with EAGLE speculative decoding: bigram events, blocks keyed over EAGLE windows (not with --nats)")
 	flag.Float64Var(&o.restartAt, "restart-at", 0, "restart the router at this fraction of the trace, once from its snapshot and once without, and compare their hit rates (0: no restart)")
 	flag.IntVar(&o.bufferSteps, "buffer-steps", 1000, "batches each engine keeps for replay (a simulated batch is a whole prompt, so fewer than vLLM's 10,000)")
 	flag.Float64Var(&o.failoverAt, "failover-at", 0.5, "with --nats: stop the leading relay at this fraction of the trace, for its standby to take over (0: no failover)")
@@ -155,12 +166,19 @@ func (e *engine) serve() {
 			e.base.add(j, res.DeviceHits)
 		}
 		if len(events) > 0 {
+			l := codec.CurrentVLLM
+			if e.cache.Options().Eagle {
+				l = sglang
+			}
 			// The publisher keeps the payload for replay: a fresh one each time.
-			payload = codec.AppendBatch(nil, &codec.Batch{TS: float64(r.TimestampMs) / 1000, Events: events}, codec.CurrentVLLM)
+			payload = codec.AppendBatch(nil, &codec.Batch{TS: float64(r.TimestampMs) / 1000, Events: events}, l)
 			e.pub.Publish(payload)
 		}
 	}
 }
+
+// sglang is how SGLang publishes: map events, signed hashes, a cache_salt key.
+var sglang = codec.Layout{SignedHashes: true, SaltKey: true}
 
 func loadTrace(o options, stderr io.Writer) ([]sim.Request, string, error) {
 	path := o.tracePath
@@ -199,6 +217,10 @@ func run(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	if o.restartAt > 0 && o.nats {
 		return errors.New("--restart-at and --nats are separate runs")
 	}
+	if o.nats {
+		o.eagle = 0 // a relay's ops do not carry a worker's mode: its followers would score EAGLE workers with plain keys
+	}
+	o.eagle = min(max(o.eagle, 0), o.workers)
 	if o.restartAt > 0 {
 		return runRestart(ctx, o, reqs, source, stdout, stderr)
 	}
@@ -247,7 +269,7 @@ func startEngines(o options, n int) ([]*engine, error) {
 			stopEngines(engines)
 			return nil, err
 		}
-		e := &engine{name: fmt.Sprintf("engine-%d", i), cache: sim.NewEngine(o.blockSize, o.capacity, o.engineOptions()...), pub: pub,
+		e := &engine{name: fmt.Sprintf("engine-%d", i), cache: sim.NewEngine(o.blockSize, o.capacity, o.engineOptions(i)...), pub: pub,
 			requests: make(chan job, 64), done: make(chan struct{}), results: results}
 		engines = append(engines, e)
 		go e.serve()
@@ -302,7 +324,10 @@ func startRouter(ctx context.Context, o options, engines []*engine, reg promethe
 		}
 	}
 	for _, e := range engines {
-		if err := p.AddWorker(e.name, kvpipe.WorkerConfig{Endpoint: "tcp://" + e.pub.Addr(), ReplayEndpoint: "tcp://" + e.pub.ReplayAddr()}); err != nil {
+		// EAGLE is known in advance here; without it the worker's mode is
+		// learned from its first bigram event.
+		if err := p.AddWorker(e.name, kvpipe.WorkerConfig{Endpoint: "tcp://" + e.pub.Addr(), ReplayEndpoint: "tcp://" + e.pub.ReplayAddr(),
+			Eagle: e.cache.Options().Eagle}); err != nil {
 			p.Shutdown(context.Background())
 			return nil, err
 		}
@@ -390,27 +415,34 @@ func (c *claims) add(j job, held int) {
 // FindMatchesRequest) plus queued work.
 // The requests are the trace's from first on; it returns how many it routed.
 func route(ctx context.Context, o options, reqs []sim.Request, first int, p *kvpipe.Pipeline, engines []*engine, stderr io.Writer, start time.Time) int {
-	var h kvpipe.Hasher
+	load := make([]float64, len(engines)) // blocks of recent work, decaying
+	const tau = 5000.0                    // trace milliseconds for load to decay by e
+	pk := newPicker(o, engines)
 	var tokens []uint32
-	var keys, plain []uint64
-	b := newBalancer(engines)
+	lastTS := int64(0)
 	nextProgress := start.Add(o.progress)
 	for i := first; i < len(reqs); i++ {
 		r := &reqs[i]
-		if !due(ctx, o, start, r) {
+		if !waitDue(ctx, o, start, r) {
 			return i
+		}
+		decay := math.Exp(-float64(r.TimestampMs-lastTS) / tau)
+		lastTS = r.TimestampMs
+		for w := range load {
+			load[w] *= decay
 		}
 		tokens = sim.InputTokens(tokens[:0], r)
 		req := kvpipe.Request{Tokens: tokens}
 		if o.lora {
 			req.Lora = r.Lora
 		}
-		keys = h.RequestKeys(keys[:0], &req, o.blockSize)
-		best, claimed := b.pick(ctx, p, r.TimestampMs, keys)
-		j := job{r: r, i: i, claimed: claimed}
+		best, work := pk.pick(ctx, p, &req, load)
+		load[best] += work
+		j := job{r: r, i: i, claimed: pk.device[best]}
 		if req.Lora != "" {
-			plain = h.Prompt(plain[:0], tokens, o.blockSize)
-			j.plain = blocksOf(ctx, p, engines[best].name, plain)
+			pk.plain = pk.h.Prompt(pk.plain[:0], tokens, o.blockSize)
+			pk.eaglePlain = pk.h.EaglePrompt(pk.eaglePlain[:0], tokens, o.blockSize)
+			j.plain = blocksOf(ctx, p, engines[best].name, pk.plain, pk.eaglePlain)
 		}
 		engines[best].requests <- j
 		if now := time.Now(); now.After(nextProgress) {
@@ -421,11 +453,11 @@ func route(ctx context.Context, o options, reqs []sim.Request, first int, p *kvp
 	return len(reqs)
 }
 
-// due waits until r is due at o.speedup; false when ctx ended.
-func due(ctx context.Context, o options, start time.Time, r *sim.Request) bool {
+// waitDue waits for r's trace time, and reports false once ctx ended.
+func waitDue(ctx context.Context, o options, start time.Time, r *sim.Request) bool {
 	if o.speedup > 0 {
-		at := start.Add(time.Duration(float64(r.TimestampMs) / o.speedup * float64(time.Millisecond)))
-		if d := time.Until(at); d > 0 {
+		due := start.Add(time.Duration(float64(r.TimestampMs) / o.speedup * float64(time.Millisecond)))
+		if d := time.Until(due); d > 0 {
 			select {
 			case <-ctx.Done():
 				return false
@@ -436,56 +468,54 @@ func due(ctx context.Context, o options, start time.Time, r *sim.Request) bool {
 	return ctx.Err() == nil
 }
 
-// balancer picks the engine whose cached prefix and recent load make a
-// request cheapest.
-type balancer struct {
-	load   []float64 // blocks of recent work, decaying
-	score  []float64
-	device []int
-	lastTS int64
-	byName map[string]int
+// picker chooses a request's worker; it keeps its scratch between requests.
+type picker struct {
+	o                                  options
+	h                                  kvpipe.Hasher
+	byName                             map[string]int
+	keys, eagleKeys, plain, eaglePlain []uint64
+	score                              []float64
+	device                             []int
 }
 
-// tau is how many trace milliseconds make load decay by e.
-const tau = 5000.0
-
-func newBalancer(engines []*engine) *balancer {
-	b := &balancer{load: make([]float64, len(engines)), score: make([]float64, len(engines)), device: make([]int, len(engines)),
-		byName: map[string]int{}}
+func newPicker(o options, engines []*engine) *picker {
+	pk := &picker{o: o, byName: map[string]int{}, score: make([]float64, len(engines)), device: make([]int, len(engines))}
 	for i, e := range engines {
-		b.byName[e.name] = i
+		pk.byName[e.name] = i
 	}
-	return b
+	return pk
 }
 
-// pick returns the engine for a request of keys at trace time ts, and the
-// device blocks kvpipe says it holds of them.
-func (b *balancer) pick(ctx context.Context, p *kvpipe.Pipeline, ts int64, keys []uint64) (best, claimed int) {
-	decay := math.Exp(-float64(ts-b.lastTS) / tau)
-	b.lastTS = ts
-	for w := range b.load {
-		b.load[w] *= decay
-	}
-	clear(b.score)
-	clear(b.device)
-	if matches, err := p.FindMatchesKeys(ctx, keys); err == nil {
+// pick returns the worker with the least prefill work for req (blocks it
+// does not hold, weighed by tier) plus load, and that work. Each kind of
+// worker is scored with its own kind of keys.
+func (pk *picker) pick(ctx context.Context, p *kvpipe.Pipeline, req *kvpipe.Request, load []float64) (best int, work float64) {
+	pk.keys = pk.h.RequestKeys(pk.keys[:0], req, pk.o.blockSize)
+	pk.eagleKeys = pk.h.EagleKeys(pk.eagleKeys[:0], req, pk.o.blockSize)
+	clear(pk.score)
+	clear(pk.device)
+	if matches, err := p.AppendMatchesKeys(ctx, nil, pk.keys, pk.eagleKeys); err == nil {
 		for _, m := range matches {
-			b.score[b.byName[m.Worker]], b.device[b.byName[m.Worker]] = m.Score, m.Blocks
+			pk.score[pk.byName[m.Worker]], pk.device[pk.byName[m.Worker]] = m.Score, m.Blocks
 		}
 	}
 	bestCost := math.Inf(1)
-	for w := range b.load {
-		if cost := float64(len(keys)) - b.score[w] + b.load[w]; cost < bestCost {
-			best, bestCost = w, cost
+	for w := range pk.score {
+		blocks := float64(len(pk.keys))
+		if pk.o.isEagle(w) {
+			blocks = float64(len(pk.eagleKeys))
+		}
+		if cost := blocks - pk.score[w] + load[w]; cost < bestCost {
+			best, bestCost, work = w, cost, blocks-pk.score[w]
 		}
 	}
-	b.load[best] += float64(len(keys)) - b.score[best]
-	return best, b.device[best]
+	return best, work
 }
 
-// blocksOf is how many leading device blocks of keys FindMatches gives worker.
-func blocksOf(ctx context.Context, p *kvpipe.Pipeline, worker string, keys []uint64) int {
-	ms, _ := p.FindMatchesKeys(ctx, keys)
+// blocksOf is how many leading device blocks of keys (eagleKeys for an
+// EAGLE worker) the index gives worker.
+func blocksOf(ctx context.Context, p *kvpipe.Pipeline, worker string, keys, eagleKeys []uint64) int {
+	ms, _ := p.AppendMatchesKeys(ctx, nil, keys, eagleKeys)
 	for _, m := range ms {
 		if m.Worker == worker {
 			return m.Blocks
@@ -523,7 +553,7 @@ func randomHits(o options, reqs []sim.Request) hits {
 	rng := rand.New(rand.NewPCG(1, 2))
 	caches := make([]*sim.Engine, o.workers)
 	for i := range caches {
-		caches[i] = sim.NewEngine(o.blockSize, o.capacity, o.engineOptions()...)
+		caches[i] = sim.NewEngine(o.blockSize, o.capacity, o.engineOptions(i)...)
 	}
 	var h hits
 	var tokens []uint32
@@ -538,12 +568,17 @@ func randomHits(o options, reqs []sim.Request) hits {
 }
 
 func report(w io.Writer, o options, source string, reqs []sim.Request, engines []*engine, t kvpipe.WorkerStats, wall time.Duration) error {
-	var routed hits
+	var routed, eagle hits
 	var base, onAdapters claims
-	for _, e := range engines {
+	for i, e := range engines {
 		routed.device += e.hits.device
 		routed.host += e.hits.host
 		routed.blocks += e.hits.blocks
+		if o.isEagle(i) {
+			eagle.device += e.hits.device
+			eagle.host += e.hits.host
+			eagle.blocks += e.hits.blocks
+		}
 		for _, c := range []struct{ sum, of *claims }{{&base, &e.base}, {&onAdapters, &e.onAdapters}} {
 			c.sum.requests += c.of.requests
 			c.sum.claimed += c.of.claimed
@@ -557,7 +592,7 @@ func report(w io.Writer, o options, source string, reqs []sim.Request, engines [
 	filtered := a.Filtered
 	fmt.Fprintf(w, "replay summary (%s, %d workers, capacity %d blocks of %d tokens, host tier %d blocks)\n",
 		source, o.workers, o.capacity, o.blockSize, o.hostBlocks)
-	fmt.Fprintf(w, "  engines            partial tails %v, sliding window %d, LoRA %v\n", o.partialTails, o.slidingWindow, o.lora)
+	fmt.Fprintf(w, "  engines            partial tails %v, sliding window %d, LoRA %v, EAGLE %d\n", o.partialTails, o.slidingWindow, o.lora, o.eagle)
 	fmt.Fprintf(w, "  requests           %d in %s (%d on adapters)\n", len(reqs), wall.Round(time.Millisecond), onAdapters.requests)
 	fmt.Fprintf(w, "  events             %d in %d batches (%.0f events/s, %.0f blocks/s)\n", events, batches,
 		float64(events)/wall.Seconds(), float64(stored)/wall.Seconds())
@@ -568,6 +603,9 @@ func report(w io.Writer, o options, source string, reqs []sim.Request, engines [
 	fmt.Fprintf(w, " (%d stored in all)\n", stored)
 	fmt.Fprintf(w, "  prefix-hit rate    kvpipe routing %s\n", routed)
 	fmt.Fprintf(w, "                     random routing %s\n", randomHits(o, reqs))
+	if o.eagle > 0 {
+		fmt.Fprintf(w, "                     EAGLE engines (%d, SGLang bigram events) %s\n", o.eagle, eagle)
+	}
 	fmt.Fprintf(w, "  device claims      base model: %d blocks claimed, %d not held when served; adapters: %d claimed, %d not held\n",
 		base.claimed, base.over, onAdapters.claimed, onAdapters.over)
 	if onAdapters.requests > 0 {

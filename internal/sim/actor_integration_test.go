@@ -86,3 +86,65 @@ func TestRealisticEnginesThroughTheActor(t *testing.T) {
 		})
 	}
 }
+
+// A mixed fleet through the actor and the index: EAGLE engines (SGLang's
+// bigram events) beside plain ones, with offload and adapters. Each worker
+// scores, against its own kind of keys, exactly the leading blocks its
+// engine holds, on device and in either tier.
+func TestEagleEnginesBesidePlainOnes(t *testing.T) {
+	const workers, bs = 4, 64
+	reqs := SyntheticTrace(300, 7)
+	shards := index.NewShards(2, 4)
+	defer shards.Close()
+	var engines [workers]*Engine
+	var actors [workers]*actor.Actor
+	for w := range workers {
+		opts := []Option{WithPartialTails(), WithCPUOffload(200), WithLoRA()}
+		if w%2 == 1 {
+			opts = append(opts, WithEagle())
+		}
+		engines[w] = NewEngine(bs, 120, opts...)
+		actors[w] = actor.New(actor.Config{Worker: index.WorkerID(w), BlockSize: bs, Shard: shards.Queue(index.WorkerID(w))})
+	}
+	var h index.Hasher
+	for i := range reqs {
+		w := int(reqs[i].HashIDs[len(reqs[i].HashIDs)-1] % workers)
+		evs, _ := engines[w].ServeResult(nil, &reqs[i], InputTokens(nil, &reqs[i]))
+		l := codec.CurrentVLLM
+		if engines[w].Options().Eagle {
+			l = codec.Layout{SignedHashes: true, SaltKey: true} // SGLang's
+		}
+		if len(evs) > 0 {
+			actors[w].HandleBatch(uint64(i), codec.AppendBatch(nil, &codec.Batch{Events: evs}, l))
+		}
+		if err := shards.Sync(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		q := &reqs[(i*7)%(i+1)]
+		ir := &index.Request{Tokens: InputTokens(nil, q), Lora: q.Lora}
+		for kind, keys := range [][]uint64{h.RequestKeys(nil, ir, bs), h.EagleKeys(nil, ir, bs)} {
+			got, err := shards.FindMatches(context.Background(), nil, keys)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dev, anyTier := map[index.WorkerID]int{}, map[index.WorkerID]int{}
+			for _, s := range got {
+				dev[s.Worker], anyTier[s.Worker] = s.Blocks, s.Tiers[index.TierRemote]
+			}
+			for ew, e := range engines {
+				if e.Options().Eagle != (kind == 1) {
+					continue // scored with the other kind's keys
+				}
+				want, either := e.Held(q)
+				if id := index.WorkerID(ew); dev[id] != want || anyTier[id] != either {
+					t.Fatalf("step %d: worker %d (eagle %v) scores %d/%d, its engine holds %d/%d", i, ew, kind == 1, dev[id], anyTier[id], want, either)
+				}
+			}
+		}
+	}
+	for w, a := range actors {
+		if st := a.Stats(); st.Eagle != engines[w].Options().Eagle || st.BlocksStored == 0 || st.DecodeErrors != 0 || st.UnknownParent != 0 {
+			t.Errorf("worker %d: %+v", w, st)
+		}
+	}
+}

@@ -52,6 +52,13 @@ type Options struct {
 	// as vLLM puts the adapter in its block hash extra keys), and its device
 	// BlockStored events carry LoraName and LoraID (see LoraID).
 	LoRA bool
+	// Eagle: the engine runs EAGLE-family speculative decoding, as SGLang
+	// with --speculative-algorithm EAGLE does: it keys its cache by bigrams,
+	// so a block is cached only once the token after it is known (a prompt
+	// of n tokens has (n-1)/BlockSize full blocks), and its BlockStored
+	// events carry each block's tokens and the one after them, as bigrams
+	// (codec.Event.Bigram). It publishes no partial tails.
+	Eagle bool
 }
 
 // An Option switches on one behaviour of a real engine.
@@ -83,6 +90,10 @@ func WithCPUOffload(hostCapacity int) Option {
 
 // WithLoRA makes the engine honour Request.Lora (Options.LoRA).
 func WithLoRA() Option { return func(o *Options) { o.LoRA = true } }
+
+// WithEagle makes the engine an SGLang one with EAGLE speculative decoding
+// (Options.Eagle).
+func WithEagle() Option { return func(o *Options) { o.Eagle = true } }
 
 // Media and kinds the engine publishes.
 const (
@@ -167,6 +178,13 @@ func (e *Engine) lora(r *Request) string {
 // many tokens are left in its partial tail (0 unless PartialTails).
 func (e *Engine) layout(r *Request) (full, tail int) {
 	per := TraceBlockTokens / e.BlockSize
+	if e.opts.Eagle { // bigrams: the last block waits for the token after it
+		n := len(r.HashIDs) * TraceBlockTokens
+		if e.opts.PartialTails {
+			n = PromptLen(r)
+		}
+		return max(n-1, 0) / e.BlockSize, 0
+	}
 	if !e.opts.PartialTails {
 		return len(r.HashIDs) * per, 0
 	}
@@ -180,7 +198,13 @@ func (e *Engine) BlockHashes(dst []uint64, r *Request) []uint64 {
 	per := TraceBlockTokens / e.BlockSize
 	parent := loraRoot(e.lora(r))
 	for j := range full {
-		parent = engineHash(parent, r.HashIDs[j/per], j%per)
+		in := parent
+		if e.opts.Eagle && j%per == per-1 {
+			// The block's bigrams end with the next trace block's first
+			// token: another next block is another cache entry.
+			in ^= fmix(r.HashIDs[j/per+1] ^ 0x243f6a8885a308d3)
+		}
+		parent = engineHash(in, r.HashIDs[j/per], j%per)
 		dst = append(dst, parent)
 	}
 	return dst
@@ -269,11 +293,66 @@ func (e *Engine) Serve(dst []codec.Event, r *Request, tokens []uint32) ([]codec.
 // twin. The events' slices are the caller's to keep.
 func (e *Engine) ServeResult(dst []codec.Event, r *Request, tokens []uint32) ([]codec.Event, Result) {
 	full, tail := e.layout(r)
-	if len(tokens) < full*e.BlockSize+tail {
+	if len(tokens) < full*e.BlockSize+tail+e.over() {
 		tokens = PromptTokens(nil, r)
 	}
 	hashes := e.BlockHashes(make([]uint64, 0, full), r)
-	res := Result{Blocks: full, TailTokens: tail}
+	res := e.hits(hashes)
+	res.TailTokens = tail
+	var tailH uint64
+	storeTail := false
+	if tail > 0 {
+		tailH = e.tailHash(r, hashes, tail)
+		storeTail = !e.dev.has(tailH)
+		// Touch the request's blocks leaf first (the tail before them all),
+		// so a parent is never evicted before its children.
+		e.dev.touch(tailH, true)
+	}
+	for i := full - 1; i >= 0; i-- {
+		e.dev.touch(hashes[i], false)
+	}
+	lora := e.lora(r)
+	if d := res.DeviceHits; d < full {
+		st := codec.Event{Type: codec.BlockStored, BlockHashes: hashes[d:], BlockSize: e.BlockSize, Medium: MediumGPU,
+			TokenIDs: tokens[d*e.BlockSize : full*e.BlockSize+e.over()], Bigram: e.opts.Eagle}
+		if d > 0 {
+			st.ParentHash, st.HasParent = hashes[d-1], true
+		}
+		dst = e.append(dst, withLora(st, lora))
+	}
+	if storeTail {
+		st := codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{tailH}, BlockSize: tail, Medium: MediumGPU,
+			TokenIDs: tokens[full*e.BlockSize : full*e.BlockSize+tail]}
+		if full > 0 {
+			st.ParentHash, st.HasParent = hashes[full-1], true
+		}
+		dst = e.append(dst, withLora(st, lora))
+	}
+	return e.evict(dst, &res), res
+}
+
+// over is how many tokens past its last block a BlockStored carries: the
+// one that closes an EAGLE window.
+func (e *Engine) over() int {
+	if e.opts.Eagle {
+		return 1
+	}
+	return 0
+}
+
+// withLora marks a device BlockStored with the request's adapter.
+func withLora(ev codec.Event, lora string) codec.Event {
+	if lora != "" {
+		ev.LoraName, ev.LoraID, ev.HasLoraID = lora, LoraID(lora), true
+	}
+	return ev
+}
+
+// hits counts the request's leading blocks on the device, and the ones right
+// after them in the host tier, which it loads back (a use of the host copy).
+func (e *Engine) hits(hashes []uint64) Result {
+	full := len(hashes)
+	res := Result{Blocks: full}
 	for res.DeviceHits < full && e.dev.has(hashes[res.DeviceHits]) {
 		res.DeviceHits++
 	}
@@ -282,52 +361,18 @@ func (e *Engine) ServeResult(dst []codec.Event, r *Request, tokens []uint32) ([]
 		for d+res.HostHits < full && e.host.has(hashes[d+res.HostHits]) {
 			res.HostHits++
 		}
-		// A load is a use of the host copy: touch leaf first, as below.
+		// A load is a use of the host copy: touch leaf first, as the device.
 		for i := d + res.HostHits - 1; i >= d; i-- {
 			e.host.touch(hashes[i], false)
 		}
 	}
 	res.Computed = full - d - res.HostHits
+	return res
+}
 
-	var tailH uint64
-	storeTail := false
-	if tail > 0 {
-		tailH = e.tailHash(r, hashes, tail)
-		storeTail = !e.dev.has(tailH)
-	}
-	// Touch the request's blocks leaf first (the tail before them all), so a
-	// parent is never evicted before its children.
-	if tail > 0 {
-		e.dev.touch(tailH, true)
-	}
-	for i := full - 1; i >= 0; i-- {
-		e.dev.touch(hashes[i], false)
-	}
-
-	lora := e.lora(r)
-	stored := func(ev codec.Event) codec.Event {
-		if lora != "" {
-			ev.LoraName, ev.LoraID, ev.HasLoraID = lora, LoraID(lora), true
-		}
-		return ev
-	}
-	if d < full {
-		st := codec.Event{Type: codec.BlockStored, BlockHashes: hashes[d:], BlockSize: e.BlockSize, Medium: MediumGPU,
-			TokenIDs: tokens[d*e.BlockSize : full*e.BlockSize]}
-		if d > 0 {
-			st.ParentHash, st.HasParent = hashes[d-1], true
-		}
-		dst = e.append(dst, stored(st))
-	}
-	if storeTail {
-		st := codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{tailH}, BlockSize: tail, Medium: MediumGPU,
-			TokenIDs: tokens[full*e.BlockSize : full*e.BlockSize+tail]}
-		if full > 0 {
-			st.ParentHash, st.HasParent = hashes[full-1], true
-		}
-		dst = e.append(dst, stored(st))
-	}
-
+// evict trims the device to Capacity (offloading to the host tier when it
+// has one) and the host to its capacity, appending their events.
+func (e *Engine) evict(dst []codec.Event, res *Result) []codec.Event {
 	var evicted, offloaded, hostEvicted []uint64
 	for e.dev.len() > e.Capacity {
 		h, isTail := e.dev.pop()
@@ -356,7 +401,7 @@ func (e *Engine) ServeResult(dst []codec.Event, r *Request, tokens []uint32) ([]
 	if len(hostEvicted) > 0 {
 		dst = e.append(dst, codec.Event{Type: codec.BlockRemoved, BlockHashes: hostEvicted, Medium: MediumCPU})
 	}
-	return dst, res
+	return dst
 }
 
 // append appends ev, and with a sliding window its group 1 twin after it.

@@ -23,6 +23,14 @@ func TestTraceIsTheRealOneOrItsStandIn(t *testing.T) {
 	if few, _, _ := Trace(10); len(few) != 10 {
 		t.Errorf("Trace(10) gave %d requests", len(few))
 	}
+	t.Setenv(TraceEnv, "synthetic")
+	if _, source, _ := Trace(10); source != "synthetic" {
+		t.Errorf("%s=synthetic: the trace is %s", TraceEnv, source)
+	}
+	t.Setenv(TraceEnv, t.TempDir()+"/missing.jsonl")
+	if _, _, err := Trace(10); err == nil {
+		t.Errorf("%s names a missing file: no error", TraceEnv)
+	}
 	for i, r := range reqs[:100] {
 		if len(r.HashIDs) == 0 || (r.InputLength+TraceBlockTokens-1)/TraceBlockTokens != len(r.HashIDs) {
 			t.Fatalf("request %d: %d tokens in %d blocks", i, r.InputLength, len(r.HashIDs))

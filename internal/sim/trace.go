@@ -91,9 +91,24 @@ func InputTokens(dst []uint32, r *Request) []uint32 {
 // TraceFile is where the trace lives, relative to the module root's parent.
 const TraceFile = "shared/traces/mooncake_conversation_trace.jsonl"
 
-// FindTrace looks for ../shared/traces/... above the working directory (tests
-// run in their package's directory) and reports its path.
+// TraceEnv names the environment variable that chooses the trace: unset or
+// empty, FindTrace looks for ../shared/traces; "synthetic" hides the real
+// trace, so that a run takes the path of a fresh clone without ../shared (CI
+// runs the trace-driven packages both ways); anything else is the path of a
+// trace file.
+const TraceEnv = "KVPIPE_TRACE"
+
+// FindTrace reports the trace file TraceEnv names, or else looks for
+// ../shared/traces/... above the working directory (tests run in their
+// package's directory).
 func FindTrace() (string, bool) {
+	switch env := os.Getenv(TraceEnv); env {
+	case "":
+	case "synthetic":
+		return "", false
+	default:
+		return env, true // a file that is missing fails LoadTrace, clearly
+	}
 	dir, err := os.Getwd()
 	if err != nil {
 		return "", false

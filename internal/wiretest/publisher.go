@@ -47,6 +47,9 @@ type published struct {
 	seq     uint64
 	payload []byte
 	send    bool // false: kept for replay but never sent, as a PUB past its high-water mark
+	// flushed, when set, marks no batch: the loop closes it once every
+	// batch before it is sent.
+	flushed chan struct{}
 }
 
 // NewPublisher binds the sockets and starts the publisher's loop.
@@ -111,6 +114,16 @@ func (p *Publisher) publish(payload []byte, send bool) uint64 {
 	return seq
 }
 
+// Flush returns once every batch published before it has been handed to
+// the PUB socket, which sends it to the subscribers connected then: one
+// that connects after Flush cannot receive those batches live. Call it from
+// the goroutine that publishes.
+func (p *Publisher) Flush() {
+	done := make(chan struct{})
+	p.in <- published{flushed: done}
+	<-done
+}
+
 // Close stops the loop and closes the sockets; later calls do nothing. A
 // later Publisher on the same endpoints starts again at seq 0, as a
 // restarted engine does.
@@ -141,6 +154,10 @@ func (p *Publisher) loop() {
 		case b, ok := <-p.in:
 			if !ok {
 				return
+			}
+			if b.flushed != nil {
+				close(b.flushed)
+				continue
 			}
 			if b.send {
 				// zmq4 queues the frames themselves: each message gets its own seq frame.

@@ -33,6 +33,16 @@ Driven over stdin/stdout by Go tests, one phase at a time:
     ((BASE-1000+i)*block_size + t) % 50000, medium "GPU"; indexes in the comma
     list DROP are kept for replay (and in the cache) but not sent; it answers
     "published SEQ" (SEQ: the next seq);
+  - "prompt BASE N [BAD]" serves a prompt of N tokens (BASE + j) % 50000 as
+    SGLang with --speculative-algorithm EAGLE caches it (--eagle): its radix
+    keys are the prompt's N-1 bigrams, so it holds (N-1) // block_size pages,
+    page i the bigrams (t[i*bs+k], t[i*bs+k+1]) for k < bs. It publishes one
+    batch of one BlockStored per page, chained, token_ids those bigram pairs,
+    hashes SGLang's (the first 8 bytes of a SHA-256 over the parent's hash
+    and the page's tokens, as a signed int64). With BAD, page BAD's bigrams
+    are published broken (not a chain), as an engine bug would: a reader can
+    read the other pages. Without --eagle the pages are plain, N // bs of
+    them. It answers "published SEQ PAGES";
   - "remove H1,H2,..." publishes one BlockRemoved of those hashes ("published SEQ");
   - "clear" publishes one AllBlocksCleared ("published SEQ");
   - "restart" closes the sockets and binds them again as soon as the ports are
@@ -48,6 +58,7 @@ Driven over stdin/stdout by Go tests, one phase at a time:
 It says "ready EPOCH" once bound.
 """
 import argparse
+import hashlib
 import struct
 import time
 import uuid
@@ -62,6 +73,32 @@ EPOCH_MARKER = b"\x00sgl-kv-epoch="
 SNAPSHOT_MARKER = b"\x00sgl-kv-snapshot="
 SNAPSHOT_REQUEST = b"snapshot-v1"
 SNAPSHOT_SEND_TIMEOUT_MS = 500
+
+
+def signed64(digest):
+    return struct.unpack(">q", digest[:8])[0]
+
+
+def eagle_pages(tokens, block_size, eagle, bad):
+    """The BlockStored events of one prompt's pages, as SGLang publishes them."""
+    n = (len(tokens) - 1) // block_size if eagle else len(tokens) // block_size
+    events, parent = [], None
+    for i in range(n):
+        page = tokens[i * block_size : (i + 1) * block_size + (1 if eagle else 0)]
+        h = hashlib.sha256((b"" if parent is None else struct.pack(">q", parent)) + struct.pack("<%dI" % len(page), *page))
+        block = signed64(h.digest())
+        ids = [[page[k], page[k + 1]] for k in range(block_size)] if eagle else list(page)
+        if i == bad:
+            ids[block_size // 2][0] += 1  # breaks the chain of pairs
+        events.append(["BlockStored", [block], parent, ids, block_size, None, "GPU"])
+        parent = block
+    return events
+
+
+def as_map(event):
+    """An array-form event as current SGLang's map form."""
+    keys = ["block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium"]
+    return dict([("type", event[0])] + list(zip(keys, event[1:])))
 
 
 def stored(i, block_size, base):
@@ -137,6 +174,8 @@ class Engine:
         if send:
             self.pub.send_multipart([topic or self.live_topic, seq_bytes, payload])
         for e in events:
+            if isinstance(e, dict):
+                e = [e["type"]] + [e.get(k) for k in ("block_hashes", "parent_block_hash")]
             if e[0] == "BlockStored":
                 parent = e[2]
                 for h in e[1]:
@@ -206,6 +245,8 @@ def main():
     ap.add_argument("--rank", type=int, default=0, help="attn_dp_rank of the batches and replica_rank of the header")
     ap.add_argument("--epoch", help="the first epoch (a uuid4 hex when not given); restarts always draw a new one")
     ap.add_argument("--hwm", type=int, default=0, help="PUB send high-water mark (libzmq's default when 0)")
+    ap.add_argument("--eagle", action="store_true", help="EAGLE speculative decoding: prompts cached as bigram pages")
+    ap.add_argument("--map-events", action="store_true", help="map-form events for prompts (current SGLang); array form otherwise")
     args = ap.parse_args()
     engine = Engine(args)
     print("ready", engine.epoch, flush=True)
@@ -231,6 +272,12 @@ def main():
                 engine.publish([stored(i, args.block_size, base)], send=i not in drop)
                 engine.serve(0)
             print("published", engine.seq, flush=True)
+        elif cmd[0] == "prompt":
+            tokens = [(int(cmd[1]) + j) % 50000 for j in range(int(cmd[2]))]
+            bad = int(cmd[3]) if len(cmd) > 3 else -1
+            events = eagle_pages(tokens, args.block_size, args.eagle, bad)
+            engine.publish([as_map(e) for e in events] if args.map_events else events)
+            print("published", engine.seq, len(events), flush=True)
         elif cmd[0] == "remove":
             hashes = [int(x) for x in cmd[1].split(",") if x] if len(cmd) > 1 else []
             engine.publish([["BlockRemoved", hashes, "GPU"]])
