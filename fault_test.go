@@ -748,6 +748,7 @@ func TestFault(t *testing.T) {
 	t.Run("BlockCap", func(t *testing.T) { faultBlockCap(t, mode) })
 	t.Run("DropFlood", func(t *testing.T) { faultDropFlood(t, mode) })
 	t.Run("GarbageReplay", func(t *testing.T) { faultGarbageReplay(t, mode) })
+	t.Run("SilentReplay", func(t *testing.T) { faultSilentReplay(t, mode) })
 }
 
 // Scenario 1. Engines publish at a steady rate, with a burst of drops now
@@ -1865,5 +1866,86 @@ func faultGarbageReplay(t *testing.T, mode faultParams) {
 		st.Wire.Replays, asked.Load(), st.Wire.ReplayAbandoned, st.Wire.Malformed, st.Actor.Resyncs, st.Wire.Restarts)
 	if st.Wire.ReplayAbandoned == 0 {
 		t.Error("no replay counted as abandoned")
+	}
+}
+
+// Scenario 10. A worker's replay endpoint accepts TCP and never speaks
+// (a hung process, a wrong port), at the default timeouts, while its engine
+// publishes a batch every 50 ms. The worker has no history at first: it
+// must index live batches within about a second of connecting, not after
+// HandshakeTimeout and ReplayPatience. After a gap, the replay that cannot
+// even complete its handshake is given up in about a second (counted, the
+// gap lost, the worker partial), not after the whole ReplayPatience.
+func faultSilentReplay(t *testing.T, mode faultParams) {
+	seed := faultSeed(t)
+	t.Logf("seed %d (KVPIPE_FAULT_SEED)", seed)
+	w := newFaultWorldConfig(t, Config{Shards: 1})
+	e := newFaultEngine(t, 0, seed, faultEngineOpts{bufferSteps: 1000, capacity: 300, requests: 2000})
+	silent := ztest.RawPeer(t, nil)
+	w.mu.Lock()
+	w.byName[e.name] = e
+	w.mu.Unlock()
+	w.engines = append(w.engines, e)
+	stop := make(chan struct{})
+	gap := make(chan time.Time, 1)
+	var wg sync.WaitGroup
+	var dropAt atomic.Int64 // the number of batches after which one is dropped; 0: none yet
+	var sent atomic.Uint64  // e.sent, for this goroutine
+	wg.Go(func() {
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			if n := dropAt.Load(); n > 0 && e.sent == uint64(n) {
+				e.step(true)
+				gap <- time.Now()
+			}
+			e.step(false)
+			sent.Store(e.sent)
+		}
+	})
+	defer func() { close(stop); wg.Wait() }()
+	start := time.Now()
+	if err := w.p.AddWorker(e.name, WorkerConfig{Endpoint: e.ep, ReplayEndpoint: silent}); err != nil {
+		t.Fatal(err)
+	}
+	first := w.converge("the first live batch", 30*time.Second, func() error {
+		if w.stats(e).Actor.Batches == 0 {
+			return errors.New("nothing applied yet")
+		}
+		return nil
+	})
+	t.Logf("first live batch applied %v after AddWorker", first.Round(time.Millisecond))
+	if first > 2*time.Second {
+		t.Errorf("the first live batch waited %v for a replay endpoint that never spoke", first.Round(time.Millisecond))
+	}
+	before := w.stats(e)
+	dropAt.Store(int64(sent.Load() + 5))
+	at := <-gap
+	var after time.Duration
+	w.converge("live batches after the gap", 30*time.Second, func() error {
+		st := w.stats(e)
+		if st.Wire.Lost == before.Wire.Lost || st.Actor.Batches <= before.Actor.Batches+6 {
+			return fmt.Errorf("lost %d, %d batches applied", st.Wire.Lost, st.Actor.Batches)
+		}
+		after = time.Since(at)
+		return nil
+	})
+	st := w.stats(e)
+	t.Logf("after the gap: live batches applied again %v later; abandoned %d, unreachable %d, handshake timeouts %d, lost %d, partial %v (since start %v)",
+		after.Round(time.Millisecond), st.Wire.ReplayAbandoned, st.Wire.ReplayUnreachable,
+		st.Wire.ProtocolErrors[wire.ProtoHandshakeTimeout], st.Wire.Lost, st.Actor.Partial, time.Since(start).Round(time.Millisecond))
+	if after > 2500*time.Millisecond {
+		t.Errorf("after the gap, live batches waited %v for a replay endpoint that never completed its handshake", after.Round(time.Millisecond))
+	}
+	if st.Wire.ReplayAbandoned == 0 {
+		t.Error("no replay counted as abandoned")
+	}
+	if !st.Actor.Partial {
+		t.Error("the gap was lost and the worker does not say it is partial")
 	}
 }

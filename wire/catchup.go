@@ -4,10 +4,13 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"net"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/kvpipe/kvpipe/internal/conf"
 	"github.com/kvpipe/kvpipe/internal/pace"
+	"github.com/kvpipe/kvpipe/internal/zmtp"
 	"github.com/kvpipe/kvpipe/internal/zsock"
 )
 
@@ -69,7 +72,12 @@ func (s *Subscriber) catchUp(ctx context.Context, sub *zsock.Receiver, h Handler
 	c.r.begin(&s.seq, upto, s.continuous)
 	for {
 		if c.askNow && !c.send(ctx) {
-			if !c.backOff(ctx) {
+			if s.replay.hung {
+				// Not even a handshake within replayHandshake: a hung
+				// process or not an engine, no slow answer to wait for.
+				c.abandoned = true
+			}
+			if c.abandoned || !c.backOff(ctx) {
 				return c.giveUp(ctx)
 			}
 			continue
@@ -321,14 +329,35 @@ type replayer struct {
 	dealer *zsock.Receiver
 	// down: the endpoint is unreachable; warned once per outage.
 	// patienceSpent: a replay already waited ReplayPatience for it.
-	down, patienceSpent bool
+	// hung: the last dial connected and timed out in its handshake.
+	down, patienceSpent, hung bool
+}
+
+// replayHandshake bounds a replay dial's ZMTP handshake (HandshakeTimeout
+// if shorter). An engine's ROUTER completes it in milliseconds; a replay
+// holds live batches back meanwhile, so an endpoint that has not answered
+// in a second is given up rather than waited on.
+const replayHandshake = time.Second
+
+// timedOut reports whether a dial failed by running out of time (a TCP
+// connect or a ZMTP handshake), rather than being refused or broken.
+func timedOut(err error) bool {
+	var v *zmtp.Violation
+	if errors.As(err, &v) {
+		return v.Kind == zmtp.KindHandshakeTimeout
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // request sends a replay request for every batch from start on, dialling
 // the replay socket first if needed. It reports whether the request went out.
 func (p *replayer) request(ctx context.Context, start uint64) bool {
 	if p.dealer == nil {
-		sock, err := dial(ctx, zmq4.Dealer, p.cfg.ReplayEndpoint, p.cfg.guard(p.stats))
+		g := p.cfg.guard(p.stats)
+		g.limits.HandshakeTimeout = min(conf.Or(g.limits.HandshakeTimeout, zmtp.DefaultHandshakeTimeout), replayHandshake)
+		sock, err := dial(ctx, zmq4.Dealer, p.cfg.ReplayEndpoint, g)
+		p.hung = err != nil && timedOut(err)
 		if err != nil {
 			if ctx.Err() == nil {
 				p.stats.ReplayUnreachable.Add(1)
