@@ -749,6 +749,7 @@ func TestFault(t *testing.T) {
 	t.Run("DropFlood", func(t *testing.T) { faultDropFlood(t, mode) })
 	t.Run("GarbageReplay", func(t *testing.T) { faultGarbageReplay(t, mode) })
 	t.Run("SilentReplay", func(t *testing.T) { faultSilentReplay(t, mode) })
+	t.Run("IdleFleet", func(t *testing.T) { faultIdleFleet(t, mode) })
 }
 
 // Scenario 1. Engines publish at a steady rate, with a burst of drops now
@@ -1948,4 +1949,74 @@ func faultSilentReplay(t *testing.T, mode faultParams) {
 	if !st.Actor.Partial {
 		t.Error("the gap was lost and the worker does not say it is partial")
 	}
+}
+
+// Scenario 11. A fleet of idle engines (vLLM publishes nothing while it
+// serves nothing), each with a replay endpoint that answers. Past
+// IdleTimeout the workers must check that their engines are alive and
+// quiet, not rebuild their sockets: no reconnect, and at most one replay
+// per worker per idle spell beyond the connect's and the first tail check's.
+func faultIdleFleet(t *testing.T, mode faultParams) {
+	n := 100
+	if mode.long {
+		n = 1000
+	}
+	const idle = 500 * time.Millisecond
+	wcfg := faultWire()
+	wcfg.IdleTimeout = idle
+	w := newFaultWorldConfig(t, Config{Shards: 2, Subscriber: wcfg})
+	payload := codec.AppendBatch(nil, &codec.Batch{TS: faultNow(), Events: []codec.Event{{Type: codec.AllBlocksCleared}}}, codec.CurrentVLLM)
+	for i := range n {
+		var pub *wiretest.Publisher
+		for {
+			var err error
+			pub, err = wiretest.NewPublisher(wiretest.PublisherConfig{Endpoint: ztest.FreeTCP(t), ReplayEndpoint: ztest.FreeTCP(t), BufferSteps: 10})
+			if err == nil {
+				break
+			}
+		}
+		t.Cleanup(func() { pub.Close() })
+		pub.Publish(payload) // a history, in the buffer: the connect replays it
+		if err := w.p.AddWorker(fmt.Sprintf("idle-%d", i), WorkerConfig{Endpoint: "tcp://" + pub.Addr(), ReplayEndpoint: "tcp://" + pub.ReplayAddr()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.converge("every worker has its history", 60*time.Second, func() error {
+		for _, st := range w.p.Stats().Workers {
+			if st.Wire.Batches == 0 {
+				return fmt.Errorf("%s: nothing delivered yet", st.Name)
+			}
+		}
+		return nil
+	})
+	before, cpu := w.p.Stats().Total(), processCPU()
+	const spells = 6
+	time.Sleep(spells * idle)
+	after := w.p.Stats().Total()
+	reconnects, replays := after.Wire.Reconnects-before.Wire.Reconnects, after.Wire.Replays-before.Wire.Replays
+	t.Logf("%d idle workers over %v (IdleTimeout %v): %d reconnects, %d replays, %v of CPU (engines included)",
+		n, spells*idle, idle, reconnects, replays, processCPU()-cpu)
+	if reconnects != 0 {
+		t.Errorf("%d reconnects of idle workers whose engines answer", reconnects)
+	}
+	if limit := uint64(n * (spells + 2)); replays > limit {
+		t.Errorf("%d replays, more than %d: one per worker per idle spell and a tail check", replays, limit)
+	}
+}
+
+// processCPU is the CPU time this process used so far (Linux's
+// /proc/self/stat, in clock ticks of 10 ms); 0 where it cannot be read.
+func processCPU() time.Duration {
+	b, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:]) // after the command name
+	if len(fields) < 13 {
+		return 0
+	}
+	utime, _ := strconv.ParseInt(fields[11], 10, 64)
+	stime, _ := strconv.ParseInt(fields[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond
 }

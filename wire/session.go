@@ -102,7 +102,9 @@ func (c *session) loop(ctx context.Context) error {
 		case call := <-c.s.calls:
 			call(c.s.position())
 		case <-idle:
-			return errIdle
+			if err := c.idleCheck(ctx); err != nil {
+				return err
+			}
 		case <-c.tail.C:
 			if err := c.tailCheck(ctx); err != nil {
 				return err
@@ -141,6 +143,30 @@ func (c *session) handIdle() {
 		return
 	}
 	c.owed.Reset(c.owedBackoff.Next())
+}
+
+// idleCheck tells a quiet engine from a dead or hung one, or a SUB that
+// no longer carries its stream, after IdleTimeout without a message: it
+// asks the replay endpoint for anything after the last batch. An answer
+// that proves the last batch and holds nothing after it means the engine
+// is alive, the same process, and has published nothing: the SUB is kept.
+// Anything else (no answer, a restart, batches the SUB never carried)
+// rebuilds the SUB, as does idling without a replay endpoint or history.
+func (c *session) idleCheck(ctx context.Context) error {
+	s := c.s
+	if _, ok := s.seq.Last(); !ok || s.cfg.ReplayEndpoint == "" {
+		return errIdle
+	}
+	s.stats.TailChecks.Add(1)
+	replayed, failures, restarts := s.stats.Replayed.Load(), s.stats.failures(), s.stats.Restarts.Load()
+	if err := c.settled(ctx, s.catchUp(ctx, c.sub, c.h, forTail, probe) != stopped && s.drain(ctx, c.sub, c.h)); err != nil {
+		return err
+	}
+	if s.stats.Replayed.Load() != replayed || s.stats.failures() != failures || s.stats.Restarts.Load() != restarts || c.sub.Dead() {
+		return errIdle
+	}
+	c.idle.Reset(s.cfg.IdleTimeout)
+	return nil
 }
 
 // tailCheck asks the engine for anything after the last batch, after a

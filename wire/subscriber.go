@@ -33,9 +33,12 @@ type Config struct {
 // defaulting rule: package kvpipe's doc). They are apart from Config so
 // that one Options can serve every worker.
 type Options struct {
-	// IdleTimeout rebuilds the SUB socket after this long without a message,
+	// IdleTimeout checks the engine after this long without a message,
 	// since a peer that vanished without closing its TCP connection is
-	// otherwise never noticed. 0 means 30s; negative disables it.
+	// otherwise never noticed: with a replay endpoint and a history, a
+	// replay that proves the last batch and finds nothing after it shows a
+	// live, quiet engine, and the SUB is kept; otherwise (and without a
+	// replay endpoint) the SUB is rebuilt. 0 means 30s; negative disables it.
 	IdleTimeout time.Duration
 	// ReconnectMin and ReconnectMax bound the jittered exponential backoff
 	// between dial attempts (defaults 50ms and 5s).
