@@ -534,7 +534,10 @@ func progress(w io.Writer, p *kvpipe.Pipeline, done, total int, elapsed time.Dur
 // settle waits until the pipeline has received every batch the engines
 // published, so the summary counts them all.
 func settle(p *kvpipe.Pipeline, engines []*engine) {
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+	// A bound for a pipeline that cannot catch up, generous for a loaded
+	// machine: a snapshot taken before the last batches are applied would
+	// be proven against batches the engines' buffers may no longer hold.
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); {
 		t := p.Stats().Total()
 		got, gone := t.Actor.Batches, t.Wire.Lost
 		published := uint64(0)

@@ -90,17 +90,17 @@ func TestReplayRejectsBadFlags(t *testing.T) {
 
 // A router restarted from its snapshot knows at once what the one before
 // it knew, proven against the engines (no resync); one restarted without
-// knows only what the engines' replay buffers still hold. Each engine keeps
-// one batch for replay, so that by the restart (each has published many)
-// no buffer reaches back to the start of its stream: with one that does
-// (20 batches do on the synthetic trace, where the routed requests hit more
-// and so publish fewer batches), a router restarted without a snapshot
-// replays every engine's history and knows as much, and the comparison
-// proves nothing.
+// knows only what the engines' replay buffers still hold. The caches are
+// large enough (10,000 blocks) that, by the restart, neither trace's engines
+// have filled them from the 20 batches their replay buffers keep: with
+// caches of 2,000 blocks, the synthetic trace's engines (whose routed
+// requests hit more, and so publish fewer batches) replay every batch from
+// the start of their streams, a router restarted without a snapshot
+// rebuilds the whole index, and the comparison proves nothing.
 func TestReplayRestart(t *testing.T) {
 	var out strings.Builder
-	o := options{workers: 2, capacity: 2_000, blockSize: 16, requests: 240, shards: 2, progress: time.Hour,
-		hostBlocks: 5_000, restartAt: 0.5, bufferSteps: 1}
+	o := options{workers: 2, capacity: 10_000, blockSize: 16, requests: 240, shards: 2, progress: time.Hour,
+		hostBlocks: 5_000, restartAt: 0.5, bufferSteps: 20}
 	if err := run(context.Background(), o, &out, io.Discard); err != nil {
 		t.Fatal(err)
 	}
