@@ -72,9 +72,12 @@ func (s *Subscriber) catchUp(ctx context.Context, sub *zsock.Receiver, h Handler
 	c.r.begin(&s.seq, upto, s.continuous)
 	for {
 		if c.askNow && !c.send(ctx) {
-			if s.replay.hung {
+			if s.replay.hung && c.why != forProof {
 				// Not even a handshake within replayHandshake: a hung
-				// process or not an engine, no slow answer to wait for.
+				// process or not an engine, no slow answer to wait for,
+				// and live batches wait behind the gap. A reconnect's
+				// proof keeps its patience: its link was just in trouble,
+				// and giving up costs the worker its whole history.
 				c.abandoned = true
 			}
 			if c.abandoned || !c.backOff(ctx) {

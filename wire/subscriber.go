@@ -51,8 +51,9 @@ type Options struct {
 	// before its gap counts as lost or a reconnect's history is reset
 	// (default 10s): about the time an engine takes to turn over its replay
 	// buffer. Negative: one attempt. A replay endpoint that answers
-	// garbage, or does not complete its ZMTP handshake within a second,
-	// gets no patience: its replay is given up at once (ReplayAbandoned).
+	// garbage, or (for a gap) does not complete its ZMTP handshake within
+	// a second, gets no patience: its replay is given up at once
+	// (ReplayAbandoned).
 	ReplayPatience time.Duration
 	// TailCheck asks the replay endpoint for anything after the last batch
 	// once the stream has been quiet this long (default 1s; negative
