@@ -53,6 +53,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
+	"log"
 	"log/slog"
 	"math"
 	"math/rand/v2"
@@ -61,9 +63,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/go-zeromq/zmq4"
+	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/faultproxy"
@@ -462,10 +467,16 @@ func faultWire() wire.Options {
 
 func newFaultWorld(t *testing.T, wcfg wire.Options, shards int) *faultWorld {
 	t.Helper()
+	return newFaultWorldConfig(t, Config{Shards: shards, Subscriber: wcfg})
+}
+
+// newFaultWorldConfig is newFaultWorld with more of the pipeline's Config.
+func newFaultWorldConfig(t *testing.T, cfg Config) *faultWorld {
+	t.Helper()
 	reg := prometheus.NewRegistry()
 	w := &faultWorld{t: t, reg: reg, byName: map[string]*faultEngine{}, last: map[string]faultDelivery{},
 		jumps: map[string]int{}, starts: map[string][]faultDelivery{}, decoder: codec.NewDecoder()}
-	cfg := Config{BlockSize: faultBlockSize, Shards: shards, Subscriber: wcfg, Observe: w.observe}
+	cfg.BlockSize, cfg.Observe = faultBlockSize, w.observe
 	if os.Getenv("KVPIPE_FAULT_LOG") == "1" { // the pipeline's warnings, for a failure's story
 		cfg.Logger = slog.New(slog.NewTextHandler(faultLogWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
@@ -733,6 +744,12 @@ func TestFault(t *testing.T) {
 	t.Run("LossDuringOutage", func(t *testing.T) { faultLossDuringOutage(t, mode) })
 	t.Run("LateJoin", func(t *testing.T) { faultLateJoin(t, mode) })
 	t.Run("FirstBatchesAfterConnect", func(t *testing.T) { faultFirstBatchesAfterConnect(t, mode) })
+	t.Run("RestartKeptCache", func(t *testing.T) { faultRestartKeptCache(t, mode) })
+	t.Run("BlockCap", func(t *testing.T) { faultBlockCap(t, mode) })
+	t.Run("DropFlood", func(t *testing.T) { faultDropFlood(t, mode) })
+	t.Run("GarbageReplay", func(t *testing.T) { faultGarbageReplay(t, mode) })
+	t.Run("SilentReplay", func(t *testing.T) { faultSilentReplay(t, mode) })
+	t.Run("IdleFleet", func(t *testing.T) { faultIdleFleet(t, mode) })
 }
 
 // Scenario 1. Engines publish at a steady rate, with a burst of drops now
@@ -1496,4 +1513,513 @@ func faultFirstBatchesAfterConnect(t *testing.T, mode faultParams) {
 	t.Logf("converged %v after the last batch", took.Round(time.Millisecond))
 	w.logStats(e)
 	w.delivery(false)
+}
+
+// restartKeepingCache restarts the publisher alone: its cache survives (an
+// offload tier that outlives the process, or a publisher restarted by
+// itself), so the new incarnation, from seq 0, builds on blocks the old one
+// stored.
+func (e *faultEngine) restartKeepingCache() {
+	cache := e.cache
+	e.restart()
+	e.cache = cache
+}
+
+// Scenario 6. An engine's publisher restarts and its cache survives. The
+// new incarnation starts at seq 0, but its stores name parents only the old
+// one told of: they are left out, and the worker must say it is partial
+// (its index lacks blocks the engine holds) until the engine clears its
+// cache; nothing it lacks may match.
+func faultRestartKeptCache(t *testing.T, mode faultParams) {
+	seed := faultSeed(t)
+	t.Logf("seed %d (KVPIPE_FAULT_SEED)", seed)
+	w := newFaultWorld(t, faultWire(), 1)
+	e := newFaultEngine(t, 0, seed, faultEngineOpts{bufferSteps: 20000, capacity: 600, requests: 400})
+	w.addWarm(e)
+	for range 60 {
+		e.step(false)
+	}
+	w.converge("before the restart", mode.converge, func() error { return w.exact(nil) })
+	if w.stats(e).Actor.Partial {
+		t.Fatal("partial before the restart, with the whole history applied")
+	}
+	base := w.stats(e).Wire.Batches // Batches counts every incarnation's; e.sent this one's
+	e.restartKeepingCache()
+	e.next = 0 // the trace again: its prefixes are cached
+	for range 60 {
+		e.step(false)
+	}
+	w.converge("the new incarnation applied", mode.converge, func() error {
+		st := w.stats(e)
+		if st.Wire.Restarts != 1 || st.Wire.Batches < base+e.sent {
+			return fmt.Errorf("restarts %d, %d batches delivered", st.Wire.Restarts, st.Wire.Batches)
+		}
+		if st.Actor.UnknownParent == 0 {
+			return errors.New("no store under an unknown parent yet")
+		}
+		return nil
+	})
+	st := w.stats(e)
+	if !st.Actor.Partial {
+		t.Errorf("the new incarnation stored %d events under parents the index never saw, and the worker does not say it is partial", st.Actor.UnknownParent)
+	}
+	for ext, key := range e.keys {
+		hs, err := w.holders(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if hs[e.name] && !e.cache.Holds(ext) {
+			t.Errorf("block %x matches, the engine does not hold it", ext)
+		}
+	}
+	// A cache clear makes it whole again.
+	e.pub.Publish(codec.AppendBatch(nil, &codec.Batch{TS: faultNow(), Events: []codec.Event{e.cache.Clear()}}, codec.CurrentVLLM))
+	e.sent++
+	for range 10 {
+		e.step(false)
+	}
+	w.converge("whole after a clear", mode.converge, func() error {
+		if w.stats(e).Actor.Partial {
+			return errors.New("still partial")
+		}
+		return w.exact(func(e *faultEngine, st WorkerStats) bool { return st.Wire.Batches == base+e.sent })
+	})
+	w.logStats(e)
+}
+
+// Scenario 7. An engine stores and never removes (its cache is far larger
+// than the worker's block cap). Past MaxWorkerBlocks the worker's new blocks
+// are refused, counted as block_cap, and it is partial; what it holds stays
+// sound and within the cap, and a cache clear makes it whole again.
+func faultBlockCap(t *testing.T, mode faultParams) {
+	seed := faultSeed(t)
+	t.Logf("seed %d (KVPIPE_FAULT_SEED)", seed)
+	const maxBlocks = 200
+	w := newFaultWorldConfig(t, Config{Shards: 1, Subscriber: faultWire(), MaxWorkerBlocks: maxBlocks})
+	e := newFaultEngine(t, 0, seed, faultEngineOpts{bufferSteps: 20000, capacity: 100_000, requests: 400})
+	w.addWarm(e)
+	for e.cache.Len() < 3*maxBlocks {
+		e.step(false)
+	}
+	w.converge("past the cap", mode.converge, func() error {
+		st := w.stats(e)
+		if st.Wire.Batches < e.sent {
+			return fmt.Errorf("%d of %d batches delivered", st.Wire.Batches, e.sent)
+		}
+		return nil
+	})
+	st := w.stats(e)
+	if got := st.Actor.Filtered[actor.BlockCap]; got == 0 {
+		t.Errorf("the engine caches %d blocks, the cap is %d, and no store was refused", e.cache.Len(), maxBlocks)
+	}
+	if st.Actor.IndexedBlocks > maxBlocks {
+		t.Errorf("IndexedBlocks = %d, past the cap of %d", st.Actor.IndexedBlocks, maxBlocks)
+	}
+	if !st.Actor.Partial {
+		t.Error("stores were refused and the worker does not say it is partial")
+	}
+	if n := w.gauge("kvpipe_index_nodes"); n > maxBlocks {
+		t.Errorf("the index holds %v blocks, past the cap of %d", n, maxBlocks)
+	}
+	if got := w.gauge("kvpipe_filtered_events_total"); got == 0 {
+		t.Error("no filtered event in the metrics")
+	}
+	for ext, key := range e.keys {
+		hs, err := w.holders(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if hs[e.name] && !e.cache.Holds(ext) {
+			t.Errorf("block %x matches, the engine does not hold it", ext)
+		}
+	}
+	e.pub.Publish(codec.AppendBatch(nil, &codec.Batch{TS: faultNow(), Events: []codec.Event{e.cache.Clear()}}, codec.CurrentVLLM))
+	e.sent++
+	for e.cache.Len() < maxBlocks/4 { // within the cap again
+		e.step(false)
+	}
+	if e.cache.Len() >= maxBlocks {
+		t.Skipf("one request stored %d blocks, past the cap", e.cache.Len())
+	}
+	w.converge("whole after a clear", mode.converge, func() error {
+		if w.stats(e).Actor.Partial {
+			return errors.New("still partial")
+		}
+		return w.exact(func(e *faultEngine, st WorkerStats) bool { return st.Wire.Batches == e.sent })
+	})
+	w.logStats(e)
+}
+
+// Scenario 8. Engines flood a pipeline with Drop backpressure and a shard
+// queue of one batch, so that workers drop batches, removes among them.
+// Whatever the index cannot account for after a drop must go: once the
+// flood has been delivered, no worker may hold a block its engine does not
+// (every block any engine ever stored is checked, not a sample), though it
+// may lack some, and then say it is partial.
+func faultDropFlood(t *testing.T, mode faultParams) {
+	seed := faultSeed(t)
+	t.Logf("seed %d (KVPIPE_FAULT_SEED)", seed)
+	w := newFaultWorldConfig(t, Config{Shards: 1, ShardQueue: 1, Backpressure: Drop, Subscriber: faultWire()})
+	engines := 2 * mode.floodEngines
+	for i := range engines {
+		w.addWarm(newFaultEngine(t, i, seed, faultEngineOpts{bufferSteps: mode.floodBatches + 100, capacity: 300, requests: mode.floodBatches}))
+	}
+	for round := range 3 {
+		var wg sync.WaitGroup
+		for _, e := range w.engines {
+			run := make([][]byte, mode.floodBatches/3)
+			for i := range run {
+				run[i] = e.prepare()
+			}
+			wg.Go(func() {
+				for _, b := range run {
+					e.send(b, false)
+				}
+			})
+		}
+		wg.Wait()
+		took := w.converge(fmt.Sprintf("round %d: no extra holder", round), mode.converge, func() error {
+			for _, e := range w.engines {
+				if st := w.stats(e); st.Wire.Batches+st.Wire.Lost < e.sent {
+					return fmt.Errorf("%s: %d of %d batches delivered", e.name, st.Wire.Batches, e.sent)
+				}
+			}
+			if err := w.noExtraHolders(); err != nil {
+				return err
+			}
+			return w.noneStale()
+		})
+		t.Logf("round %d: sound %v after the flood", round, took.Round(time.Millisecond))
+	}
+	var dropped uint64
+	for _, e := range w.engines {
+		w.logStats(e)
+		st := w.stats(e)
+		dropped += st.Actor.DroppedBatches
+		if st.Actor.DroppedBatches > 0 && st.Actor.IndexedBlocks < int64(e.cache.Len()) && !st.Actor.Partial {
+			t.Errorf("%s: dropped %d batches, holds %d of %d blocks, and does not say it is partial",
+				e.name, st.Actor.DroppedBatches, st.Actor.IndexedBlocks, e.cache.Len())
+		}
+	}
+	if dropped == 0 {
+		t.Errorf("no batch dropped: the scenario proves nothing")
+	}
+	t.Logf("%d batches dropped by the workers", dropped)
+}
+
+// noExtraHolders reports a block some worker holds in the index and its
+// engine does not, of every block any engine stored; and a worker that
+// counts more blocks than its engine caches.
+func (w *faultWorld) noExtraHolders() error {
+	for _, e := range w.engines {
+		if got := w.stats(e).Actor.IndexedBlocks; got > int64(e.cache.Len()) {
+			return fmt.Errorf("%s: IndexedBlocks = %d, the engine caches %d", e.name, got, e.cache.Len())
+		}
+		extra := 0
+		for ext, key := range e.keys {
+			hs, err := w.holders(key)
+			if err != nil {
+				return err
+			}
+			for name := range hs {
+				if name != e.name || !e.cache.Holds(ext) {
+					extra++
+				}
+			}
+		}
+		if extra > 0 {
+			return fmt.Errorf("%s: %d blocks held in the index by a worker whose engine does not hold them", e.name, extra)
+		}
+	}
+	// Answers leave out a worker that owes a clear: the index itself, too,
+	// must hold no more than the engines.
+	total := 0
+	for _, e := range w.engines {
+		total += e.cache.Len()
+	}
+	if nodes := w.gauge("kvpipe_index_nodes"); nodes > float64(total) {
+		return fmt.Errorf("the index holds %v blocks, the engines cache %d", nodes, total)
+	}
+	return nil
+}
+
+// noneStale reports a worker that still owes the index the clear of a
+// dropped batch, and so is left out of answers.
+func (w *faultWorld) noneStale() error {
+	w.p.mu.Lock()
+	defer w.p.mu.Unlock()
+	for name, wk := range w.p.workers {
+		if wk.stale() {
+			return fmt.Errorf("%s owes its shard a clear: it is left out of answers", name)
+		}
+	}
+	return nil
+}
+
+// garbageRouter is a replay endpoint that answers every request with four
+// malformed replies, and how many requests it got.
+func garbageRouter(t *testing.T) (string, *atomic.Int64) {
+	t.Helper()
+	ep := ztest.FreeTCP(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	router := zmq4.NewRouter(ctx, zmq4.WithLogger(log.New(io.Discard, "", 0)))
+	if err := router.Listen(ep); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	var asked atomic.Int64
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			req, err := router.Recv()
+			if err != nil {
+				return
+			}
+			asked.Add(1)
+			id := req.Frames[0]
+			for _, m := range [][][]byte{
+				{id, nil, []byte("x")},                     // no payload
+				{id, []byte("junk"), make([]byte, 8), nil}, // no empty delimiter
+				{id, nil, []byte{1, 2, 3}, []byte("p")},    // a 3-byte seq
+				{id, nil, make([]byte, 8), nil, nil, nil},  // too many frames
+			} {
+				router.Send(zmq4.NewMsgFrom(m...))
+			}
+		}
+	})
+	t.Cleanup(func() {
+		cancel()
+		router.Close()
+		wg.Wait()
+	})
+	return ep, &asked
+}
+
+// Scenario 9. A peer sends malformed messages, bad seqs and random 8-byte
+// seqs with junk payloads, then 10 good batches of 4 blocks; its replay
+// endpoint answers every request with malformed replies. A replay endpoint
+// that proves useless must not hold the live stream back: the good blocks
+// are indexed within seconds (at the default timeouts, each replay would
+// otherwise wait ReplayTimeout or more), and the replays given up are
+// counted.
+func faultGarbageReplay(t *testing.T, mode faultParams) {
+	seed := faultSeed(t)
+	t.Logf("seed %d (KVPIPE_FAULT_SEED)", seed)
+	rng := rand.New(rand.NewPCG(seed, 9))
+	w := newFaultWorldConfig(t, Config{Shards: 1, Subscriber: wire.Options{HandshakeTimeout: time.Second}})
+	replay, asked := garbageRouter(t)
+	ep := ztest.FreeTCP(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	pub := zmq4.NewPub(ctx, zmq4.WithLogger(log.New(io.Discard, "", 0)))
+	t.Cleanup(func() { cancel(); pub.Close() })
+	if err := pub.Listen(ep); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.p.AddWorker("garbage", WorkerConfig{Endpoint: ep, ReplayEndpoint: replay}); err != nil {
+		t.Fatal(err)
+	}
+	w.converge("connected", 10*time.Second, func() error {
+		if st, _ := w.p.Stats().Worker("garbage"); !st.Wire.Connected {
+			return errors.New("not connected")
+		}
+		return nil
+	})
+	time.Sleep(100 * time.Millisecond) // the subscription reaches the PUB
+	send := func(frames ...[]byte) {
+		if err := pub.Send(zmq4.NewMsgFrom(frames...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seqFrame := func(seq uint64) []byte { return binary.BigEndian.AppendUint64(nil, seq) }
+	for i := range 20 {
+		send([]byte("t"), []byte("junk"))                             // two frames
+		send(nil, []byte{1, 2, 3, 4}, []byte("p"))                    // a 4-byte seq
+		send(nil, seqFrame(rng.Uint64()>>rng.IntN(64)), []byte{0xc1}) // a random seq, a junk payload
+		send(nil, seqFrame(uint64(1000+i*7)), []byte("junk"))         // bad seqs
+	}
+	const batches, per = 10, 4
+	tokens := make([]uint32, batches*per*faultBlockSize)
+	for i := range tokens {
+		tokens[i] = uint32(rng.IntN(50_000))
+	}
+	for b := range batches {
+		ev := codec.Event{Type: codec.BlockStored, BlockSize: faultBlockSize,
+			TokenIDs: tokens[b*per*faultBlockSize : (b+1)*per*faultBlockSize]}
+		for i := range per {
+			ev.BlockHashes = append(ev.BlockHashes, uint64(b*per+i+1))
+		}
+		if b > 0 {
+			ev.ParentHash, ev.HasParent = uint64(b*per), true
+		}
+		send(nil, seqFrame(uint64(b)), codec.AppendBatch(nil, &codec.Batch{TS: faultNow(), Events: []codec.Event{ev}}, codec.CurrentVLLM))
+	}
+	start := time.Now()
+	took := w.converge("the good blocks indexed", 10*time.Second, func() error {
+		ms, err := w.p.FindMatches(context.Background(), tokens)
+		if err != nil {
+			return err
+		}
+		if len(ms) != 1 || ms[0].Blocks != batches*per {
+			return fmt.Errorf("the good prompt matches %+v, want %d blocks of one worker", ms, batches*per)
+		}
+		return nil
+	})
+	st, _ := w.p.Stats().Worker("garbage")
+	t.Logf("the %d good blocks indexed %v after they were sent (%v since the first); replays %d asked %d abandoned %d malformed %d resyncs %d restarts %d",
+		batches*per, took.Round(time.Millisecond), time.Since(start).Round(time.Millisecond),
+		st.Wire.Replays, asked.Load(), st.Wire.ReplayAbandoned, st.Wire.Malformed, st.Actor.Resyncs, st.Wire.Restarts)
+	if st.Wire.ReplayAbandoned == 0 {
+		t.Error("no replay counted as abandoned")
+	}
+}
+
+// Scenario 10. A worker's replay endpoint accepts TCP and never speaks
+// (a hung process, a wrong port), at the default timeouts, while its engine
+// publishes a batch every 50 ms. The worker has no history at first: it
+// must index live batches within about a second of connecting, not after
+// HandshakeTimeout and ReplayPatience. After a gap, the replay that cannot
+// even complete its handshake is given up in about a second (counted, the
+// gap lost, the worker partial), not after the whole ReplayPatience.
+func faultSilentReplay(t *testing.T, mode faultParams) {
+	seed := faultSeed(t)
+	t.Logf("seed %d (KVPIPE_FAULT_SEED)", seed)
+	w := newFaultWorldConfig(t, Config{Shards: 1})
+	e := newFaultEngine(t, 0, seed, faultEngineOpts{bufferSteps: 1000, capacity: 300, requests: 2000})
+	silent := ztest.RawPeer(t, nil)
+	w.mu.Lock()
+	w.byName[e.name] = e
+	w.mu.Unlock()
+	w.engines = append(w.engines, e)
+	stop := make(chan struct{})
+	gap := make(chan time.Time, 1)
+	var wg sync.WaitGroup
+	var dropAt atomic.Int64 // the number of batches after which one is dropped; 0: none yet
+	var sent atomic.Uint64  // e.sent, for this goroutine
+	wg.Go(func() {
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			if n := dropAt.Load(); n > 0 && e.sent == uint64(n) {
+				e.step(true)
+				gap <- time.Now()
+			}
+			e.step(false)
+			sent.Store(e.sent)
+		}
+	})
+	defer func() { close(stop); wg.Wait() }()
+	start := time.Now()
+	if err := w.p.AddWorker(e.name, WorkerConfig{Endpoint: e.ep, ReplayEndpoint: silent}); err != nil {
+		t.Fatal(err)
+	}
+	first := w.converge("the first live batch", 30*time.Second, func() error {
+		if w.stats(e).Actor.Batches == 0 {
+			return errors.New("nothing applied yet")
+		}
+		return nil
+	})
+	t.Logf("first live batch applied %v after AddWorker", first.Round(time.Millisecond))
+	if first > 2*time.Second {
+		t.Errorf("the first live batch waited %v for a replay endpoint that never spoke", first.Round(time.Millisecond))
+	}
+	before := w.stats(e)
+	dropAt.Store(int64(sent.Load() + 5))
+	at := <-gap
+	var after time.Duration
+	w.converge("live batches after the gap", 30*time.Second, func() error {
+		st := w.stats(e)
+		if st.Wire.Lost == before.Wire.Lost || st.Actor.Batches <= before.Actor.Batches+6 {
+			return fmt.Errorf("lost %d, %d batches applied", st.Wire.Lost, st.Actor.Batches)
+		}
+		after = time.Since(at)
+		return nil
+	})
+	st := w.stats(e)
+	t.Logf("after the gap: live batches applied again %v later; abandoned %d, unreachable %d, handshake timeouts %d, lost %d, partial %v (since start %v)",
+		after.Round(time.Millisecond), st.Wire.ReplayAbandoned, st.Wire.ReplayUnreachable,
+		st.Wire.ProtocolErrors[wire.ProtoHandshakeTimeout], st.Wire.Lost, st.Actor.Partial, time.Since(start).Round(time.Millisecond))
+	if after > 2500*time.Millisecond {
+		t.Errorf("after the gap, live batches waited %v for a replay endpoint that never completed its handshake", after.Round(time.Millisecond))
+	}
+	if st.Wire.ReplayAbandoned == 0 {
+		t.Error("no replay counted as abandoned")
+	}
+	if !st.Actor.Partial {
+		t.Error("the gap was lost and the worker does not say it is partial")
+	}
+}
+
+// Scenario 11. A fleet of idle engines (vLLM publishes nothing while it
+// serves nothing), each with a replay endpoint that answers. Past
+// IdleTimeout the workers must check that their engines are alive and
+// quiet, not rebuild their sockets: no reconnect, and at most one replay
+// per worker per idle spell beyond the connect's and the first tail check's.
+func faultIdleFleet(t *testing.T, mode faultParams) {
+	n := 100
+	if mode.long {
+		n = 1000
+	}
+	const idle = 500 * time.Millisecond
+	wcfg := faultWire()
+	wcfg.IdleTimeout = idle
+	w := newFaultWorldConfig(t, Config{Shards: 2, Subscriber: wcfg})
+	payload := codec.AppendBatch(nil, &codec.Batch{TS: faultNow(), Events: []codec.Event{{Type: codec.AllBlocksCleared}}}, codec.CurrentVLLM)
+	for i := range n {
+		var pub *wiretest.Publisher
+		for {
+			var err error
+			pub, err = wiretest.NewPublisher(wiretest.PublisherConfig{Endpoint: ztest.FreeTCP(t), ReplayEndpoint: ztest.FreeTCP(t), BufferSteps: 10})
+			if err == nil {
+				break
+			}
+		}
+		t.Cleanup(func() { pub.Close() })
+		pub.Publish(payload) // a history, in the buffer: the connect replays it
+		if err := w.p.AddWorker(fmt.Sprintf("idle-%d", i), WorkerConfig{Endpoint: "tcp://" + pub.Addr(), ReplayEndpoint: "tcp://" + pub.ReplayAddr()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.converge("every worker has its history", 60*time.Second, func() error {
+		for _, st := range w.p.Stats().Workers {
+			if st.Wire.Batches == 0 {
+				return fmt.Errorf("%s: nothing delivered yet", st.Name)
+			}
+		}
+		return nil
+	})
+	before, cpu := w.p.Stats().Total(), processCPU()
+	const spells = 6
+	time.Sleep(spells * idle)
+	after := w.p.Stats().Total()
+	reconnects, replays := after.Wire.Reconnects-before.Wire.Reconnects, after.Wire.Replays-before.Wire.Replays
+	t.Logf("%d idle workers over %v (IdleTimeout %v): %d reconnects, %d replays, %v of CPU (engines included)",
+		n, spells*idle, idle, reconnects, replays, processCPU()-cpu)
+	if reconnects != 0 {
+		t.Errorf("%d reconnects of idle workers whose engines answer", reconnects)
+	}
+	if limit := uint64(n * (spells + 2)); replays > limit {
+		t.Errorf("%d replays, more than %d: one per worker per idle spell and a tail check", replays, limit)
+	}
+}
+
+// processCPU is the CPU time this process used so far (Linux's
+// /proc/self/stat, in clock ticks of 10 ms); 0 where it cannot be read.
+func processCPU() time.Duration {
+	b, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:]) // after the command name
+	if len(fields) < 13 {
+		return 0
+	}
+	utime, _ := strconv.ParseInt(fields[11], 10, 64)
+	stime, _ := strconv.ParseInt(fields[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond
 }

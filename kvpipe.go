@@ -41,6 +41,13 @@ type Config struct {
 	// are filtered as lower_tier. The zero value means DefaultWeights
 	// (device 1, host 0.8, disk 0.5, remote 0.3).
 	TierWeights Weights
+	// MaxWorkerBlocks bounds the engine blocks one worker may have indexed
+	// (default actor.DefaultMaxBlocks, 4 Mi: 64 M tokens at 16 per block,
+	// far above any engine's cache), so that an engine that stores and
+	// never removes cannot grow the router without limit. Past it the
+	// worker's new blocks are refused (filtered as block_cap) and it is
+	// partial until its engine clears its cache.
+	MaxWorkerBlocks int
 	// Subscriber tunes every worker's subscriber (timeouts, backoff, replay
 	// buffer, limits); the zero value holds the defaults.
 	Subscriber SubscriberOptions
@@ -71,7 +78,9 @@ const (
 	// Block waits for the shard, and so stops reading the engine's socket:
 	// the loss, if any, shows as a seq gap, which replay recovers.
 	Block Backpressure = Backpressure(actor.Block)
-	// Drop discards the batch, counts it, and resyncs the worker.
+	// Drop discards the batch, counts it, and resyncs the worker: its
+	// entries are cleared with the next batch its shard takes, and it is
+	// left out of answers until then.
 	Drop Backpressure = Backpressure(actor.Drop)
 )
 

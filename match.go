@@ -200,8 +200,10 @@ func (r *readPath) appendKind(ctx context.Context, shards *index.Shards, dst []M
 	}
 	names := *r.names.Load()
 	for _, sc := range scores {
-		// A worker removed meanwhile is left out, and so is one of the other kind.
-		if w, ok := names[sc.Worker]; ok && w.eagle() == eagle {
+		// A worker removed meanwhile is left out, and so is one of the other
+		// kind, and one whose entries may be stale (a batch dropped, its
+		// clear not yet queued).
+		if w, ok := names[sc.Worker]; ok && w.eagle() == eagle && !w.stale() {
 			dst = append(dst, Match{Worker: w.name, Blocks: sc.Blocks, Tiers: sc.Tiers, Score: sc.Weighted(r.weights),
 				Partial: w.partial(), Eagle: eagle})
 		}

@@ -87,8 +87,8 @@ func (c *Config) check() error {
 		return fmt.Errorf("kvpipe: BlockSize must be positive, got %d", c.BlockSize)
 	case c.Shards < 0:
 		return fmt.Errorf("kvpipe: Shards must not be negative, got %d", c.Shards)
-	case c.ShardQueue < 0:
-		return fmt.Errorf("kvpipe: ShardQueue must not be negative, got %d", c.ShardQueue)
+	case c.ShardQueue < 0 || c.MaxWorkerBlocks < 0:
+		return fmt.Errorf("kvpipe: ShardQueue and MaxWorkerBlocks must not be negative")
 	case c.RemovalTimeout < 0 || c.RestartMin < 0 || c.RestartMax < 0:
 		return fmt.Errorf("kvpipe: RemovalTimeout, RestartMin and RestartMax must not be negative")
 	case c.Backpressure != Block && c.Backpressure != Drop:

@@ -51,6 +51,16 @@ func (w *worker) partial() bool {
 	return a != nil && a.Partial()
 }
 
+// stale reports that w's entries may hold blocks its engine no longer holds
+// (actor.Actor.Stale): answers leave it out.
+func (w *worker) stale() bool {
+	if w.fed != nil {
+		return false
+	}
+	a := w.actor.Load()
+	return a != nil && a.Stale()
+}
+
 // member is w's name in the supervisor's group.
 func (w *worker) member() string { return "worker " + w.name }
 
@@ -185,7 +195,7 @@ func (p *Pipeline) start(w *worker) {
 // runs in w's goroutine, before its subscriber.
 func (w *worker) prepare(ctx context.Context, cfg *Config, shard chan<- *index.Batch, from *snapshot.Worker) {
 	ac := actor.Config{Worker: w.id, Name: w.name, BlockSize: cfg.BlockSize,
-		Shard: shard, Backpressure: actor.Backpressure(cfg.Backpressure), Weights: cfg.TierWeights,
+		Shard: shard, Backpressure: actor.Backpressure(cfg.Backpressure), Weights: cfg.TierWeights, MaxBlocks: cfg.MaxWorkerBlocks,
 		Done: ctx.Done(), Logger: cfg.Logger, Eagle: w.eagleCfg}
 	if tap := cfg.Tap; tap != nil {
 		ac.Publish = func(ops []index.Op, o actor.Origin) uint64 { return tap.Ops(ctx, w.name, ops, o) }

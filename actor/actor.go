@@ -3,6 +3,7 @@ package actor
 import (
 	"context"
 	"log/slog"
+	"sync/atomic"
 
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
@@ -18,7 +19,8 @@ const (
 	// if any, then shows upstream as a seq gap, which wire recovers.
 	Block Backpressure = iota
 	// Drop discards the batch's ops, counts them, and resyncs the worker in
-	// the index (its entries cleared) with the next batch that gets through.
+	// the index (its entries cleared) with the next batch that gets through,
+	// or alone once the shard has room (HandleIdle); Stale until then.
 	Drop
 )
 
@@ -37,6 +39,13 @@ type Config struct {
 	// weighted 0 is not indexed, its events filtered as LowerTier. The zero
 	// value means index.DefaultWeights.
 	Weights index.Weights
+	// MaxBlocks bounds the engine blocks the worker's mapping holds (each
+	// in any tiers, and k router blocks when an engine block spans k of
+	// the router's), so that an engine that stores without removing cannot
+	// grow the router without limit. Past it, a store's new blocks are
+	// refused (the event counted as BlockCap) and the worker is partial
+	// until a clear. 0 means DefaultMaxBlocks.
+	MaxBlocks int
 	// Done, when closed, abandons a send the shard is not taking: the worker
 	// is stopping, and its entries go with it.
 	Done   <-chan struct{}
@@ -51,6 +60,12 @@ type Config struct {
 	// learned from the events (Stats.Eagle); either way events decide.
 	Eagle bool
 }
+
+// DefaultMaxBlocks is Config.MaxBlocks' default: 4 Mi engine blocks, 64 M
+// tokens at 16 per block. A 141 GB accelerator holds about a million tokens
+// of an 8B model's KV cache, a host tier of 2 TB some 16 M, so no real
+// engine comes near it.
+const DefaultMaxBlocks = 1 << 22
 
 // Origin says where a batch of ops came from, for Config.Publish.
 type Origin struct {
@@ -83,7 +98,8 @@ type Actor struct {
 	out     outbox  // the ops on their way to the shard
 	groups  groups  // the filter's learned attention groups
 	warn    *pace.Warner
-	fresh   bool // no batch since the start or the last reset
+	fresh   bool        // no batch since the start or the last reset
+	stale   atomic.Bool // the outbox owes the index a clear (Stale)
 
 	snapBlocks []codec.SnapshotBlock // reused across chunks
 	snapWhole  bool                  // the engine snapshot being applied mapped every block so far
@@ -102,12 +118,15 @@ func New(cfg Config) *Actor {
 	if cfg.Done == nil {
 		cfg.Done = make(chan struct{}) // never closed
 	}
+	if cfg.MaxBlocks <= 0 {
+		cfg.MaxBlocks = DefaultMaxBlocks
+	}
 	if cfg.Weights == (index.Weights{}) {
 		cfg.Weights = index.DefaultWeights
 	}
 	a := &Actor{cfg: cfg, decoder: codec.NewDecoder(), warn: pace.NewWarner(cfg.Logger, "kvpipe/actor: "), fresh: true}
-	a.m = mapping{routerOf: make(map[uint64]block), out: &a.out, stats: &a.stats}
-	a.out = outbox{cfg: &a.cfg, stats: &a.stats, free: make(chan *index.Batch, cap(cfg.Shard)+2), dropped: a.m.dropped}
+	a.m = mapping{routerOf: make(map[uint64]block), out: &a.out, stats: &a.stats, max: cfg.MaxBlocks}
+	a.out = outbox{cfg: &a.cfg, stats: &a.stats, free: make(chan *index.Batch, cap(cfg.Shard)+2), dropped: a.m.dropped, stale: &a.stale}
 	a.groups = groups{main: make(map[int]bool), weights: &a.cfg.Weights}
 	a.stats.Partial.Store(true)
 	a.stats.Eagle.Store(cfg.Eagle)
@@ -121,11 +140,22 @@ func (a *Actor) Stats() Stats { return a.stats.load() }
 // the read path.
 func (a *Actor) Partial() bool { return a.stats.Partial.Load() }
 
+// Stale reports that the index may hold blocks of this worker that its
+// engine no longer holds: a batch was dropped (Drop backpressure), and the
+// clear that makes up for it has not reached the shard's queue yet. A
+// reader leaves the worker out of answers meanwhile.
+func (a *Actor) Stale() bool { return a.stale.Load() }
+
 // Eagle reports Stats().Eagle, for the read path: which keys to match the
 // worker with.
 func (a *Actor) Eagle() bool { return a.stats.Eagle.Load() }
 
 var _ wire.Handler = (*Actor)(nil)
+
+// HandleIdle sends what the actor owes its shard while no batch comes: the
+// clear a dropped batch left owed (the shard had no room for it then). It
+// reports whether that is still owed, so that the caller asks again.
+func (a *Actor) HandleIdle() bool { return a.out.settle() }
 
 // HandleBatch decodes one batch, filters and converts its events, and sends
 // the resulting ops to the shard.
@@ -300,7 +330,11 @@ func (a *Actor) store(e *codec.Event) {
 		return
 	}
 	a.stats.Eagle.Store(e.Bigram) // the engine's mode, as its latest tokens show it
-	a.m.store(e, t, k)
+	if !a.m.store(e, t, k) {
+		a.stats.Filtered[BlockCap].Add(1)
+		a.stats.Partial.Store(true) // the engine holds what was refused
+		a.warn.Warn("worker holds MaxBlocks blocks: new blocks refused", "worker", a.cfg.Name, "max", a.cfg.MaxBlocks)
+	}
 }
 
 // split returns how many router blocks each engine block of size bs makes,

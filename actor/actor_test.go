@@ -299,6 +299,10 @@ func TestPartial(t *testing.T) {
 		{"the engine clears its cache", func(a *Actor) { batch(a, 10, cleared()) }, false},
 		{"a restart", func(a *Actor) { a.HandleReset(wire.ResetRestart) }, true},
 		{"the new incarnation from its first batch", func(a *Actor) { batch(a, 0, stored(3, 16)) }, false},
+		{"a store under a parent never told of (a kept cache)", func(a *Actor) {
+			batch(a, 1, stored(5, 16, func(e *codec.Event) { e.ParentHash, e.HasParent = 999, true }))
+		}, true},
+		{"a clear after it", func(a *Actor) { batch(a, 2, cleared()) }, false},
 		{"a lower-tier clear does not make it complete", func(a *Actor) {
 			a.HandleReset(wire.ResetHistoryMissing)
 			batch(a, 4, codec.Event{Type: codec.AllBlocksCleared, Medium: "CPU"})

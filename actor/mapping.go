@@ -61,6 +61,7 @@ type mapping struct {
 	freeSlots []int32
 	keys      []uint64 // scratch: one engine block's router keys
 	hasher    index.Hasher
+	max       int // the most blocks routerOf may hold (Config.MaxBlocks)
 	out       *outbox
 	stats     *counters
 }
@@ -156,8 +157,9 @@ func (m *mapping) remove(hashes []uint64, t index.Tier) {
 }
 
 // store keys and stores the blocks of a BlockStored event with tokens, of
-// k router blocks each, in tier t.
-func (m *mapping) store(e *codec.Event, t index.Tier, k int) {
+// k router blocks each, in tier t. It reports false when a new block met
+// the mapping's cap: that block and the rest of the event are left out.
+func (m *mapping) store(e *codec.Event, t index.Tier, k int) bool {
 	bs := e.BlockSize
 	n := len(e.BlockHashes)
 	if whole := wholeBlocks(e); whole < n {
@@ -170,9 +172,12 @@ func (m *mapping) store(e *codec.Event, t index.Tier, k int) {
 		if !ok {
 			// Its key chains through blocks this worker never told us of
 			// (history lost, or the router joined late): no prompt could
-			// hash to a key made up here, so the blocks stay out.
+			// hash to a key made up here, so the blocks stay out. The
+			// engine holds that parent, and the index lacks it: the worker
+			// is partial until a cache clear (FORMAT.md §9).
 			m.stats.UnknownParent.Add(1)
-			return
+			m.stats.Partial.Store(true)
+			return true
 		}
 		if t == index.TierDevice {
 			// The engine built on the parent on device, so it holds the
@@ -205,9 +210,13 @@ func (m *mapping) store(e *codec.Event, t index.Tier, k int) {
 			m.keys = append(m.keys, parent)
 		}
 		h := e.BlockHashes[i]
+		if len(m.routerOf) >= m.max && !m.known(h) {
+			return false
+		}
 		m.put(h, block{key: parent, parent: ext, hasParent: extParent, tiers: bit(t), split: -1}, t, k, link, linkParent)
 		ext, extParent = h, true
 	}
+	return true
 }
 
 // wholeBlocks is how many blocks e's tokens cover: block i is tokens
@@ -247,6 +256,11 @@ func (m *mapping) put(h uint64, b block, t index.Tier, k int, link index.Link, p
 	}
 	m.routerOf[h] = b
 	m.emitKeys(index.OpStore, t, b, link, parent)
+}
+
+func (m *mapping) known(h uint64) bool {
+	_, ok := m.routerOf[h]
+	return ok
 }
 
 // retier handles a BlockStored without tokens (vLLM's offloading connector

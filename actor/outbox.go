@@ -1,6 +1,10 @@
 package actor
 
-import "github.com/kvpipe/kvpipe/index"
+import (
+	"sync/atomic"
+
+	"github.com/kvpipe/kvpipe/index"
+)
 
 // maxOps caps the ops of one index batch, so that a batch's memory is
 // bounded (the bound Config.ShardQueue documents) and a huge event (a whole
@@ -11,11 +15,16 @@ const maxOps = 256
 // the backpressure the config asks for, reusing the batches the shard hands
 // back.
 type outbox struct {
-	cfg    *Config
-	stats  *counters
-	free   chan *index.Batch // batches the shard handed back
-	out    *index.Batch      // being filled; nil until the first op
-	resync bool              // a dropped batch left the index behind: clear first
+	cfg   *Config
+	stats *counters
+	free  chan *index.Batch // batches the shard handed back
+	out   *index.Batch      // being filled; nil until the first op
+	// resync: a dropped batch left the index behind; the next batch the
+	// shard takes clears the worker first. Until then stale mirrors it for
+	// the read path, which leaves the worker out of answers: the index may
+	// hold blocks the dropped batch removed.
+	resync bool
+	stale  *atomic.Bool
 	// dropped is told of a batch dropped: the mapping's next generation.
 	dropped func()
 
@@ -82,7 +91,6 @@ func (o *outbox) flush() {
 		b.Ops = append(b.Ops, index.Op{})
 		copy(b.Ops[1:], b.Ops)
 		b.Ops[0] = index.Op{Kind: index.OpClearWorker}
-		o.resync = false
 	}
 	if o.cfg.Publish != nil && !o.restoring {
 		o.origin.Partial = o.stats.Partial.Load()
@@ -91,17 +99,47 @@ func (o *outbox) flush() {
 	}
 	select { // a shard with room takes the batch, even from a stopping worker
 	case o.cfg.Shard <- b:
+		o.sent()
 		return
 	default:
 	}
 	if o.cfg.Backpressure == Block {
 		select {
 		case o.cfg.Shard <- b:
+			o.sent()
 			return
 		case <-o.cfg.Done:
 		}
 	}
 	o.drop(b)
+}
+
+// sent: the shard took a batch, and with it any clear a drop owed.
+func (o *outbox) sent() {
+	if o.resync {
+		o.resync = false
+		o.stale.Store(false)
+	}
+}
+
+// settle sends the clear a dropped batch owes, alone, if the shard has room
+// now: with no batch after the drop it would otherwise wait for the
+// engine's next one. It reports whether the clear is still owed.
+func (o *outbox) settle() bool {
+	if !o.resync || o.out != nil {
+		return o.resync
+	}
+	b := o.take()
+	b.Ops = append(b.Ops[:0], index.Op{Kind: index.OpClearWorker})
+	select {
+	case o.cfg.Shard <- b:
+		o.sent()
+		return false
+	default:
+		b.Ops = b.Ops[:0]
+		o.free <- b
+		return true
+	}
 }
 
 // drop discards b's ops: the index has lost them, so the worker is resynced
@@ -113,6 +151,7 @@ func (o *outbox) drop(b *index.Batch) {
 		o.stats.DroppedBatches.Add(1)
 	}
 	o.resync = true
+	o.stale.Store(true)
 	o.dropped()
 	o.stats.zeroHeld()
 	o.stats.Partial.Store(true)

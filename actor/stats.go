@@ -18,11 +18,12 @@ const (
 	UnknownEvent                    // a tag this version does not know
 	BlockSizeMismatch               // a block size the router cannot split into its own
 	UnreadableEvent                 // an event the decoder could not read (a field of the wrong type, ...)
+	BlockCap                        // the worker holds Config.MaxBlocks blocks: its new blocks are refused
 	NumReasons
 )
 
 var reasonNames = [NumReasons]string{"partial_block", "non_main_attention", "unlearned_group", "lower_tier", "unknown_medium", "unknown_event", "block_size",
-	"unreadable_event"}
+	"unreadable_event", "block_cap"}
 
 func (r Reason) String() string { return reasonNames[r] }
 

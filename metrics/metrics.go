@@ -50,6 +50,7 @@ func NewCollector(stats func() kvpipe.Stats) *Collector {
 	counter("tail_checks_total", "Replays asked after a quiet spell, to find batches dropped at the end of a burst.", func(w *kvpipe.WorkerStats) uint64 { return w.Wire.TailChecks })
 	counter("replay_failures_total", "Replay requests that timed out or broke after connecting; retried with backoff.", func(w *kvpipe.WorkerStats) uint64 { return w.Wire.ReplayFailures })
 	counter("replay_unreachable_total", "Replay dials that failed (endpoint down or not speaking ZMTP); backed off, not a loss.", func(w *kvpipe.WorkerStats) uint64 { return w.Wire.ReplayUnreachable })
+	counter("replay_abandoned_total", "Replays given up at once rather than retried: the endpoint answered garbage, or did not complete its handshake after a gap; the worker went on unproven.", func(w *kvpipe.WorkerStats) uint64 { return w.Wire.ReplayAbandoned })
 	counter("history_missing_total", "Replays that found the engine no longer held a gap.", func(w *kvpipe.WorkerStats) uint64 { return w.Wire.HistoryMissing })
 	counter("batches_lost_total", "Batches the engine sent that were never delivered (no replay, past its buffer, or its replay endpoint unreachable past the patience).", func(w *kvpipe.WorkerStats) uint64 { return w.Wire.Lost })
 	counter("snapshots_total", "Engine snapshots (SGLang snapshot-v1) applied after a reset.", func(w *kvpipe.WorkerStats) uint64 { return w.Wire.Snapshots })

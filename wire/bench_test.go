@@ -40,6 +40,7 @@ func (h *countingHandler) HandleResumed()                  {}
 func (h *countingHandler) HandleEngineSnapshotBegin()      {}
 func (h *countingHandler) HandleEngineSnapshot([]byte)     {}
 func (h *countingHandler) HandleEngineSnapshotEnd(ok bool) {}
+func (h *countingHandler) HandleIdle() bool                { return false }
 
 // BenchmarkLoopbackTCP: a Go wiretest.Publisher to a Go Subscriber over loopback TCP,
 // one engine step (9 events, about 2.8 KB) per batch. allocs/op counts both

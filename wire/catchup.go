@@ -4,10 +4,13 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"net"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/kvpipe/kvpipe/internal/conf"
 	"github.com/kvpipe/kvpipe/internal/pace"
+	"github.com/kvpipe/kvpipe/internal/zmtp"
 	"github.com/kvpipe/kvpipe/internal/zsock"
 )
 
@@ -37,6 +40,10 @@ type replayCall struct {
 	askNow       bool
 	recheck      bool // the next request re-asks a hole
 	dropped      bool // the held live batches were dropped (another incarnation)
+	heard        bool // a well-formed reply came to the current request
+	// abandoned: the endpoint proved useless (garbage for an answer): the
+	// replay gives up at once, without ReplayPatience.
+	abandoned bool
 }
 
 // action is what replayCall.wait leaves its caller to do.
@@ -65,7 +72,15 @@ func (s *Subscriber) catchUp(ctx context.Context, sub *zsock.Receiver, h Handler
 	c.r.begin(&s.seq, upto, s.continuous)
 	for {
 		if c.askNow && !c.send(ctx) {
-			if !c.backOff(ctx) {
+			if s.replay.hung && c.why != forProof {
+				// Not even a handshake within replayHandshake: a hung
+				// process or not an engine, no slow answer to wait for,
+				// and live batches wait behind the gap. A reconnect's
+				// proof keeps its patience: its link was just in trouble,
+				// and giving up costs the worker its whole history.
+				c.abandoned = true
+			}
+			if c.abandoned || !c.backOff(ctx) {
 				return c.giveUp(ctx)
 			}
 			continue
@@ -91,6 +106,7 @@ func (c *replayCall) send(ctx context.Context) bool {
 		return false
 	}
 	c.timer.Reset(c.s.cfg.ReplayTimeout)
+	c.heard = false
 	return true
 }
 
@@ -137,8 +153,16 @@ func (c *replayCall) reply(m zmq4.Msg) (step, action) {
 	seq, payload, ok := parseReply(m)
 	if !ok {
 		s.stats.Malformed.Add(1)
-		return step{}, waitMore
+		if c.heard {
+			return step{}, waitMore // a junk reply among good ones: the stall timeout judges
+		}
+		// Its first answer is garbage: no engine's ROUTER, and waiting
+		// for a better one would hold the live stream back for nothing.
+		c.abandoned = true
+		s.replay.failed("reply", errors.New("malformed reply"))
+		return step{v: vFail}, settleNow
 	}
+	c.heard = true
 	var st step
 	if seq == endMarker {
 		if st = c.r.end(); st.v == vMissing {
@@ -197,7 +221,7 @@ func (c *replayCall) settle(ctx context.Context, st step) (res result, done bool
 		return c.result(), true
 	case vFail:
 		s.replay.close()
-		if !c.backOff(ctx) {
+		if c.abandoned || !c.backOff(ctx) {
 			return c.giveUp(ctx), true
 		}
 		c.askNow, c.recheck = true, false
@@ -256,6 +280,10 @@ func (c *replayCall) giveUp(ctx context.Context) result {
 		return stopped
 	}
 	s := c.s
+	if c.abandoned {
+		s.stats.ReplayAbandoned.Add(1)
+		s.warn.Warn("replay endpoint useless: going on unproven", "endpoint", s.cfg.ReplayEndpoint)
+	}
 	_, started := s.seq.Last()
 	switch {
 	case c.r.unfilled() > 0:
@@ -304,14 +332,35 @@ type replayer struct {
 	dealer *zsock.Receiver
 	// down: the endpoint is unreachable; warned once per outage.
 	// patienceSpent: a replay already waited ReplayPatience for it.
-	down, patienceSpent bool
+	// hung: the last dial connected and timed out in its handshake.
+	down, patienceSpent, hung bool
+}
+
+// replayHandshake bounds a replay dial's ZMTP handshake (HandshakeTimeout
+// if shorter). An engine's ROUTER completes it in milliseconds; a replay
+// holds live batches back meanwhile, so an endpoint that has not answered
+// in a second is given up rather than waited on.
+const replayHandshake = time.Second
+
+// timedOut reports whether a dial failed by running out of time (a TCP
+// connect or a ZMTP handshake), rather than being refused or broken.
+func timedOut(err error) bool {
+	var v *zmtp.Violation
+	if errors.As(err, &v) {
+		return v.Kind == zmtp.KindHandshakeTimeout
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // request sends a replay request for every batch from start on, dialling
 // the replay socket first if needed. It reports whether the request went out.
 func (p *replayer) request(ctx context.Context, start uint64) bool {
 	if p.dealer == nil {
-		sock, err := dial(ctx, zmq4.Dealer, p.cfg.ReplayEndpoint, p.cfg.guard(p.stats))
+		g := p.cfg.guard(p.stats)
+		g.limits.HandshakeTimeout = min(conf.Or(g.limits.HandshakeTimeout, zmtp.DefaultHandshakeTimeout), replayHandshake)
+		sock, err := dial(ctx, zmq4.Dealer, p.cfg.ReplayEndpoint, g)
+		p.hung = err != nil && timedOut(err)
 		if err != nil {
 			if ctx.Err() == nil {
 				p.stats.ReplayUnreachable.Add(1)

@@ -190,3 +190,4 @@ func rawSync(t *testing.T, rec *recorder, send func()) {
 func (r *recorder) HandleEngineSnapshotBegin()        {}
 func (r *recorder) HandleEngineSnapshot(chunk []byte) {}
 func (r *recorder) HandleEngineSnapshotEnd(ok bool)   {}
+func (r *recorder) HandleIdle() bool                  { return false }

@@ -26,6 +26,10 @@ type session struct {
 	tail        *time.Timer
 	tailing     bool
 	tailBackoff pace.Backoff
+	// owed retries what the handler held back (HandleIdle) while no batch
+	// comes to carry it.
+	owed        *time.Timer
+	owedBackoff pace.Backoff
 }
 
 // serve handles one socket's messages until it fails, idles out or ctx
@@ -54,6 +58,11 @@ func (s *Subscriber) serve(ctx context.Context, sub *zsock.Receiver, h Handler) 
 		c.tail.Stop()
 	}
 	c.tailBackoff = pace.Backoff{Min: s.cfg.TailCheck, Max: max(s.cfg.ReconnectMax, s.cfg.TailCheck)}
+	c.owed = time.NewTimer(time.Hour)
+	c.owed.Stop()
+	defer c.owed.Stop()
+	c.owedBackoff = pace.Backoff{Min: 10 * time.Millisecond, Max: time.Second}
+	c.handIdle()
 	return c.loop(ctx)
 }
 
@@ -93,11 +102,16 @@ func (c *session) loop(ctx context.Context) error {
 		case call := <-c.s.calls:
 			call(c.s.position())
 		case <-idle:
-			return errIdle
+			if err := c.idleCheck(ctx); err != nil {
+				return err
+			}
 		case <-c.tail.C:
 			if err := c.tailCheck(ctx); err != nil {
 				return err
 			}
+			c.handIdle()
+		case <-c.owed.C:
+			c.handIdle()
 		case m, ok := <-c.sub.Msgs:
 			if !ok {
 				return c.sub.Err()
@@ -114,8 +128,45 @@ func (c *session) loop(ctx context.Context) error {
 					return err
 				}
 			}
+			if len(c.sub.Msgs) == 0 {
+				c.handIdle()
+			}
 		}
 	}
+}
+
+// handIdle lets the handler hand on what it held back, now that no batch
+// waits, and asks again later while it still holds some.
+func (c *session) handIdle() {
+	if !c.h.HandleIdle() {
+		c.owedBackoff.Reset()
+		return
+	}
+	c.owed.Reset(c.owedBackoff.Next())
+}
+
+// idleCheck tells a quiet engine from a dead or hung one, or a SUB that
+// no longer carries its stream, after IdleTimeout without a message: it
+// asks the replay endpoint for anything after the last batch. An answer
+// that proves the last batch and holds nothing after it means the engine
+// is alive, the same process, and has published nothing: the SUB is kept.
+// Anything else (no answer, a restart, batches the SUB never carried)
+// rebuilds the SUB, as does idling without a replay endpoint or history.
+func (c *session) idleCheck(ctx context.Context) error {
+	s := c.s
+	if _, ok := s.seq.Last(); !ok || s.cfg.ReplayEndpoint == "" {
+		return errIdle
+	}
+	s.stats.TailChecks.Add(1)
+	replayed, failures, restarts := s.stats.Replayed.Load(), s.stats.failures(), s.stats.Restarts.Load()
+	if err := c.settled(ctx, s.catchUp(ctx, c.sub, c.h, forTail, probe) != stopped && s.drain(ctx, c.sub, c.h)); err != nil {
+		return err
+	}
+	if s.stats.Replayed.Load() != replayed || s.stats.failures() != failures || s.stats.Restarts.Load() != restarts || c.sub.Dead() {
+		return errIdle
+	}
+	c.idle.Reset(s.cfg.IdleTimeout)
+	return nil
 }
 
 // tailCheck asks the engine for anything after the last batch, after a

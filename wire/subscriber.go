@@ -33,9 +33,12 @@ type Config struct {
 // defaulting rule: package kvpipe's doc). They are apart from Config so
 // that one Options can serve every worker.
 type Options struct {
-	// IdleTimeout rebuilds the SUB socket after this long without a message,
+	// IdleTimeout checks the engine after this long without a message,
 	// since a peer that vanished without closing its TCP connection is
-	// otherwise never noticed. 0 means 30s; negative disables it.
+	// otherwise never noticed: with a replay endpoint and a history, a
+	// replay that proves the last batch and finds nothing after it shows a
+	// live, quiet engine, and the SUB is kept; otherwise (and without a
+	// replay endpoint) the SUB is rebuilt. 0 means 30s; negative disables it.
 	IdleTimeout time.Duration
 	// ReconnectMin and ReconnectMax bound the jittered exponential backoff
 	// between dial attempts (defaults 50ms and 5s).
@@ -47,7 +50,10 @@ type Options struct {
 	// ReplayPatience is how long a failing replay is retried, with backoff,
 	// before its gap counts as lost or a reconnect's history is reset
 	// (default 10s): about the time an engine takes to turn over its replay
-	// buffer. Negative: one attempt.
+	// buffer. Negative: one attempt. A replay endpoint that answers
+	// garbage, or (for a gap) does not complete its ZMTP handshake within
+	// a second, gets no patience: its replay is given up at once
+	// (ReplayAbandoned).
 	ReplayPatience time.Duration
 	// TailCheck asks the replay endpoint for anything after the last batch
 	// once the stream has been quiet this long (default 1s; negative
@@ -130,6 +136,11 @@ type Handler interface {
 	HandleEngineSnapshotBegin()
 	HandleEngineSnapshot(chunk []byte)
 	HandleEngineSnapshotEnd(ok bool)
+	// HandleIdle is called when no live batch waits: a handler that held
+	// work back (an actor whose shard had no room) hands it on now. It
+	// reports whether some is still held; it is then called again after a
+	// short wait, backing off, while the connection lasts.
+	HandleIdle() (held bool)
 }
 
 // Stats are what one Subscriber saw, as of one call of Stats.
@@ -143,13 +154,17 @@ type Stats struct {
 	TailChecks        uint64 // replays asked after a quiet spell, gap or not
 	ReplayFailures    uint64 // requests that timed out or broke after connecting
 	ReplayUnreachable uint64 // replay dials that failed
-	HistoryMissing    uint64 // replays that found the engine no longer had a gap
-	Lost              uint64 // batches the publisher sent that were never delivered
-	LiveOverflow      uint64 // live batches dropped while a replay ran (replayed later)
-	Snapshots         uint64 // engine snapshots applied after a reset
-	SnapshotFailures  uint64 // snapshots refused, broken off or unreachable
-	Restarts          uint64 // another publisher incarnation detected
-	Reconnects        uint64 // SUB sockets rebuilt after a failure or idle
+	// ReplayAbandoned counts replays given up at once, without
+	// ReplayPatience: the endpoint answered garbage, or did not complete
+	// its ZMTP handshake after a gap.
+	ReplayAbandoned  uint64
+	HistoryMissing   uint64 // replays that found the engine no longer had a gap
+	Lost             uint64 // batches the publisher sent that were never delivered
+	LiveOverflow     uint64 // live batches dropped while a replay ran (replayed later)
+	Snapshots        uint64 // engine snapshots applied after a reset
+	SnapshotFailures uint64 // snapshots refused, broken off or unreachable
+	Restarts         uint64 // another publisher incarnation detected
+	Reconnects       uint64 // SUB sockets rebuilt after a failure or idle
 	// ProtocolErrors counts connections closed because the peer broke ZMTP
 	// or the message limit, by kind (ProtocolErrorKinds).
 	ProtocolErrors [NumProtocolErrors]uint64
@@ -167,6 +182,7 @@ func (s *Stats) Add(o Stats) {
 	s.TailChecks += o.TailChecks
 	s.ReplayFailures += o.ReplayFailures
 	s.ReplayUnreachable += o.ReplayUnreachable
+	s.ReplayAbandoned += o.ReplayAbandoned
 	s.HistoryMissing += o.HistoryMissing
 	s.Lost += o.Lost
 	s.LiveOverflow += o.LiveOverflow
@@ -185,6 +201,7 @@ type counters struct {
 	Batches, Malformed, Duplicates, Gaps          atomic.Uint64
 	Replays, Replayed, TailChecks, ReplayFailures atomic.Uint64
 	ReplayUnreachable, HistoryMissing, Lost       atomic.Uint64
+	ReplayAbandoned                               atomic.Uint64
 	LiveOverflow, Snapshots, SnapshotFailures     atomic.Uint64
 	Restarts, Reconnects                          atomic.Uint64
 	ProtocolErrors                                [NumProtocolErrors]atomic.Uint64
@@ -195,7 +212,7 @@ func (c *counters) load() Stats {
 	st := Stats{
 		Batches: c.Batches.Load(), Malformed: c.Malformed.Load(), Duplicates: c.Duplicates.Load(), Gaps: c.Gaps.Load(),
 		Replays: c.Replays.Load(), Replayed: c.Replayed.Load(), TailChecks: c.TailChecks.Load(), ReplayFailures: c.ReplayFailures.Load(),
-		ReplayUnreachable: c.ReplayUnreachable.Load(), HistoryMissing: c.HistoryMissing.Load(), Lost: c.Lost.Load(),
+		ReplayUnreachable: c.ReplayUnreachable.Load(), ReplayAbandoned: c.ReplayAbandoned.Load(), HistoryMissing: c.HistoryMissing.Load(), Lost: c.Lost.Load(),
 		LiveOverflow: c.LiveOverflow.Load(), Snapshots: c.Snapshots.Load(), SnapshotFailures: c.SnapshotFailures.Load(),
 		Restarts: c.Restarts.Load(), Reconnects: c.Reconnects.Load(), Connected: c.Connected.Load(),
 	}
