@@ -1,0 +1,172 @@
+package serve
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+
+	"connectrpc.com/connect"
+	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+)
+
+// The HTTP/JSON routes speak the proto's JSON mapping (protojson: field
+// names in lowerCamelCase or as in the .proto, 64-bit integers as strings
+// on output), so a body is the same as over Connect.
+func (s *Server) restRoutes(mux *http.ServeMux) {
+	mux.HandleFunc("POST /v1/match", s.restMatch)
+	mux.HandleFunc("GET /v1/workers", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, s.svc.list()) })
+	mux.HandleFunc("POST /v1/workers", s.restRegister)
+	mux.HandleFunc("DELETE /v1/workers/{name}", s.restUnregister)
+	mux.HandleFunc("GET /v1/dump", s.restDump)
+	mux.Handle("GET /metrics", promHandler(s.cfg.Registry))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
+	mux.HandleFunc("GET /readyz", s.readyz)
+	mux.HandleFunc("GET /{$}", s.page)
+}
+
+func (s *Server) restMatch(w http.ResponseWriter, r *http.Request) {
+	var req kvpipev1.MatchRequest
+	if !s.readJSON(w, r, &req) {
+		return
+	}
+	out, err := s.svc.match(r.Context(), &req)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) restRegister(w http.ResponseWriter, r *http.Request) {
+	if err := s.svc.guard.authorize(r.Header); err != nil {
+		writeError(w, err)
+		return
+	}
+	var req kvpipev1.RegisterWorkerRequest
+	if !s.readJSON(w, r, &req) {
+		return
+	}
+	out, err := s.svc.register(r.Context(), req.Worker, false)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, &kvpipev1.RegisterWorkerResponse{Worker: out})
+}
+
+func (s *Server) restUnregister(w http.ResponseWriter, r *http.Request) {
+	if err := s.svc.guard.authorize(r.Header); err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := s.svc.unregister(r.Context(), r.PathValue("name")); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// restDump writes the worker's blocks as JSON lines, one chunk a line.
+func (s *Server) restDump(w http.ResponseWriter, r *http.Request) {
+	if err := s.svc.guard.authorize(r.Header); err != nil {
+		writeError(w, err)
+		return
+	}
+	started := false
+	err := s.svc.dump(r.Context(), r.URL.Query().Get("worker"), func(chunk *kvpipev1.DumpResponse) error {
+		if !started {
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			started = true
+		}
+		data, err := protojson.Marshal(chunk)
+		if err == nil {
+			_, err = w.Write(append(data, '\n'))
+		}
+		return err
+	})
+	if err != nil && !started {
+		writeError(w, err)
+	}
+}
+
+// readJSON decodes a request body of at most MaxMessageBytes; a bad one is
+// answered 400 with what is wrong.
+func (s *Server) readJSON(w http.ResponseWriter, r *http.Request, m proto.Message) bool {
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxMessageBytes)))
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooBig):
+		err = invalid("request body larger than the limit of %d bytes (--max-message-bytes)", tooBig.Limit)
+	case err != nil:
+		err = invalid("request body: %v", err)
+	default:
+		if err = protojson.Unmarshal(data, m); err != nil {
+			err = invalid("request body is not a %s in JSON: %v", m.ProtoReflect().Descriptor().Name(), err)
+		}
+	}
+	if err != nil {
+		s.svc.guard.refused("invalid_argument")
+		writeError(w, err)
+		return false
+	}
+	return true
+}
+
+func writeJSON(w http.ResponseWriter, status int, m proto.Message) {
+	data, err := protojson.Marshal(m)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(data, '\n'))
+}
+
+// writeError answers with the HTTP status of err's code and a body as
+// Connect's: {"code": "invalid_argument", "message": "..."}.
+func writeError(w http.ResponseWriter, err error) {
+	code := connect.CodeOf(err)
+	msg := err.Error()
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		msg = ce.Message()
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if code == connect.CodeUnauthenticated {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="kvpipe"`)
+	}
+	w.WriteHeader(httpStatus(code))
+	body, _ := json.Marshal(struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	}{code.String(), msg})
+	w.Write(append(body, '\n'))
+}
+
+func httpStatus(c connect.Code) int {
+	switch c {
+	case connect.CodeInvalidArgument, connect.CodeOutOfRange:
+		return http.StatusBadRequest
+	case connect.CodeUnauthenticated:
+		return http.StatusUnauthorized
+	case connect.CodePermissionDenied:
+		return http.StatusForbidden
+	case connect.CodeNotFound:
+		return http.StatusNotFound
+	case connect.CodeAlreadyExists, connect.CodeFailedPrecondition, connect.CodeAborted:
+		return http.StatusConflict
+	case connect.CodeResourceExhausted:
+		return http.StatusTooManyRequests
+	case connect.CodeCanceled:
+		return 499 // as Connect maps it: the client went away
+	case connect.CodeUnavailable:
+		return http.StatusServiceUnavailable
+	case connect.CodeDeadlineExceeded:
+		return http.StatusGatewayTimeout
+	}
+	return http.StatusInternalServerError
+}

@@ -1,0 +1,293 @@
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/kvpipe/kvpipe"
+	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1"
+	"github.com/kvpipe/kvpipe/snapshot"
+	"google.golang.org/protobuf/proto"
+)
+
+// dumpChunk is how many blocks one Dump message carries.
+const dumpChunk = 2048
+
+// service implements kvpipev1connect.IndexServiceHandler on a Pipeline; the
+// HTTP/JSON routes call the same methods.
+type service struct {
+	p       *kvpipe.Pipeline
+	limits  limits
+	guard   *guard
+	mon     *monitor
+	closing <-chan struct{} // closed when the server drains: streams end
+	saved   func()          // the registrations changed: save them
+
+	mu    sync.Mutex // guards specs
+	specs map[string]*kvpipev1.WorkerSpec
+}
+
+func clone(w *kvpipev1.WorkerSpec) *kvpipev1.WorkerSpec { return proto.Clone(w).(*kvpipev1.WorkerSpec) }
+
+func (s *service) spec(name string) *kvpipev1.WorkerSpec {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.specs[name]
+}
+
+// allSpecs returns the registered workers, by name.
+func (s *service) allSpecs() []*kvpipev1.WorkerSpec {
+	s.mu.Lock()
+	out := make([]*kvpipev1.WorkerSpec, 0, len(s.specs))
+	for _, w := range s.specs {
+		out = append(out, w)
+	}
+	s.mu.Unlock()
+	slices.SortFunc(out, func(a, b *kvpipev1.WorkerSpec) int { return cmpString(a.Name, b.Name) })
+	return out
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func (s *service) Match(ctx context.Context, req *connect.Request[kvpipev1.MatchRequest]) (*connect.Response[kvpipev1.MatchResponse], error) {
+	out, err := s.match(ctx, req.Msg)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(out), nil
+}
+
+func (s *service) match(ctx context.Context, r *kvpipev1.MatchRequest) (*kvpipev1.MatchResponse, error) {
+	if err := s.limits.checkMatch(r); err != nil {
+		s.guard.refused("invalid_argument")
+		return nil, err
+	}
+	var ms []kvpipe.Match
+	var err error
+	out := &kvpipev1.MatchResponse{}
+	if len(r.Keys) > 0 || len(r.EagleKeys) > 0 {
+		out.RequestBlocks = uint32(max(len(r.Keys), len(r.EagleKeys)))
+		ms, err = s.p.AppendMatchesKeys(ctx, nil, nilIfEmpty(r.Keys), nilIfEmpty(r.EagleKeys))
+	} else {
+		out.RequestBlocks = uint32(len(r.Tokens) / s.limits.blockSize)
+		ms, err = s.p.FindMatchesRequest(ctx, request(r))
+	}
+	if err != nil {
+		return nil, pipelineError(err)
+	}
+	cur, now := s.mon.cur.Load(), time.Now()
+	out.Matches = make([]*kvpipev1.WorkerMatch, len(ms))
+	for i, m := range ms {
+		wm := &kvpipev1.WorkerMatch{Worker: m.Worker, Blocks: uint32(m.Blocks), Score: m.Score, Partial: m.Partial, Eagle: m.Eagle,
+			Tiers: make([]uint32, len(m.Tiers)), LastEventAgeMs: age(cur.workers[m.Worker], now)}
+		for t, n := range m.Tiers {
+			wm.Tiers[t] = uint32(n)
+		}
+		out.Matches[i] = wm
+	}
+	slices.SortStableFunc(out.Matches, func(a, b *kvpipev1.WorkerMatch) int {
+		if a.Score != b.Score {
+			if a.Score > b.Score {
+				return -1
+			}
+			return 1
+		}
+		return cmpString(a.Worker, b.Worker)
+	})
+	return out, nil
+}
+
+// nilIfEmpty keeps AppendMatchesKeys' meaning of nil: leave that kind of
+// worker out.
+func nilIfEmpty(k []uint64) []uint64 {
+	if len(k) == 0 {
+		return nil
+	}
+	return k
+}
+
+func pipelineError(err error) error {
+	switch {
+	case errors.Is(err, kvpipe.ErrClosed), errors.Is(err, kvpipe.ErrNotRunning):
+		return connect.NewError(connect.CodeUnavailable, err)
+	case errors.Is(err, context.Canceled):
+		return connect.NewError(connect.CodeCanceled, err)
+	case errors.Is(err, context.DeadlineExceeded):
+		return connect.NewError(connect.CodeDeadlineExceeded, err)
+	case errors.Is(err, kvpipe.ErrNoWorker):
+		return connect.NewError(connect.CodeNotFound, err)
+	}
+	return connect.NewError(connect.CodeInternal, err)
+}
+
+func (s *service) RegisterWorker(ctx context.Context, req *connect.Request[kvpipev1.RegisterWorkerRequest]) (*connect.Response[kvpipev1.RegisterWorkerResponse], error) {
+	w, err := s.register(ctx, req.Msg.GetWorker(), false)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&kvpipev1.RegisterWorkerResponse{Worker: w}), nil
+}
+
+// register adds a worker; a trusted one (from the operator's flags or
+// config) skips the allow-list.
+func (s *service) register(ctx context.Context, w *kvpipev1.WorkerSpec, trusted bool) (*kvpipev1.WorkerSpec, error) {
+	if err := s.limits.checkSpec(w); err != nil {
+		s.guard.refused("invalid_argument")
+		return nil, err
+	}
+	w = clone(w)
+	if !trusted {
+		var err error
+		if w, err = s.guard.pin(ctx, w); err != nil {
+			return nil, err
+		}
+	}
+	if err := s.add(w); err != nil {
+		return nil, err
+	}
+	s.saved()
+	return w, nil
+}
+
+func (s *service) add(w *kvpipev1.WorkerSpec) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, dup := s.specs[w.Name]; dup {
+		return connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("register: worker %q exists: unregister it first", w.Name))
+	}
+	wc := kvpipe.WorkerConfig{Endpoint: w.Endpoint, ReplayEndpoint: w.ReplayEndpoint, SnapshotEndpoint: w.SnapshotEndpoint, Topic: w.Topic, Eagle: w.Eagle}
+	if err := s.p.AddWorker(w.Name, wc); err != nil {
+		if errors.Is(err, kvpipe.ErrClosed) {
+			return pipelineError(err)
+		}
+		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("register: %w", err))
+	}
+	s.specs[w.Name] = w
+	return nil
+}
+
+func (s *service) UnregisterWorker(ctx context.Context, req *connect.Request[kvpipev1.UnregisterWorkerRequest]) (*connect.Response[kvpipev1.UnregisterWorkerResponse], error) {
+	if err := s.unregister(ctx, req.Msg.Name); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&kvpipev1.UnregisterWorkerResponse{}), nil
+}
+
+func (s *service) unregister(ctx context.Context, name string) error {
+	s.mu.Lock()
+	_, ok := s.specs[name]
+	delete(s.specs, name)
+	s.mu.Unlock()
+	if !ok {
+		return connect.NewError(connect.CodeNotFound, fmt.Errorf("unregister: no registered worker %q", name))
+	}
+	s.saved()
+	// The worker leaves answers at once; a removal ctx cuts short completes
+	// in the background.
+	if err := s.p.RemoveWorker(ctx, name); err != nil && !errors.Is(err, kvpipe.ErrNoWorker) {
+		return pipelineError(err)
+	}
+	return nil
+}
+
+func (s *service) ListWorkers(ctx context.Context, _ *connect.Request[kvpipev1.ListWorkersRequest]) (*connect.Response[kvpipev1.ListWorkersResponse], error) {
+	return connect.NewResponse(s.list()), nil
+}
+
+// list reads the counters now, and the derived fields from the last sample.
+func (s *service) list() *kvpipev1.ListWorkersResponse {
+	st := s.p.Stats()
+	cur, now := s.mon.cur.Load(), time.Now()
+	out := &kvpipev1.ListWorkersResponse{Workers: make([]*kvpipev1.WorkerStatus, 0, len(st.Workers))}
+	for _, sh := range st.Shards {
+		out.IndexNodes += uint64(max(sh.Nodes, 0))
+	}
+	for _, ws := range st.Workers {
+		old := cur.workers[ws.Name]
+		fresh := s.mon.observe(ws, nil, now, 0).status
+		fresh.LastEventAgeMs = age(old, now)
+		if old != nil {
+			fresh.EventsPerSecond = old.status.EventsPerSecond
+		}
+		out.Workers = append(out.Workers, fresh)
+	}
+	return out
+}
+
+func (s *service) WatchWorkers(ctx context.Context, _ *connect.Request[kvpipev1.WatchWorkersRequest], stream *connect.ServerStream[kvpipev1.WorkerEvent]) error {
+	return s.watch(ctx, stream.Send)
+}
+
+// watch sends worker events until ctx ends or the server drains.
+func (s *service) watch(ctx context.Context, send func(*kvpipev1.WorkerEvent) error) error {
+	w := s.mon.watch()
+	defer s.mon.unwatch(w)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.closing:
+			return nil
+		case <-w.lagged:
+			return connect.NewError(connect.CodeResourceExhausted, errors.New("watch: the stream fell behind the workers' changes: call again"))
+		case ev := <-w.events:
+			if err := send(ev); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (s *service) Dump(ctx context.Context, req *connect.Request[kvpipev1.DumpRequest], stream *connect.ServerStream[kvpipev1.DumpResponse]) error {
+	return s.dump(ctx, req.Msg.Worker, stream.Send)
+}
+
+// dump sends a worker's blocks from a snapshot of the pipeline, the one
+// place its engine hashes and keys are kept together.
+func (s *service) dump(ctx context.Context, name string, send func(*kvpipev1.DumpResponse) error) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	if s.spec(name) == nil {
+		return connect.NewError(connect.CodeNotFound, fmt.Errorf("dump: no registered worker %q (a relay's workers are dumped at the relay)", name))
+	}
+	var snap snapshot.Snapshot
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := s.p.Snapshot(sctx, &snap); err != nil {
+		return pipelineError(err)
+	}
+	i := slices.IndexFunc(snap.Workers, func(w snapshot.Worker) bool { return string(w.Name) == name })
+	if i < 0 {
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("dump: worker %q is not in the pipeline's snapshot yet", name))
+	}
+	w := &snap.Workers[i]
+	for start := 0; start < len(w.Hashes) || start == 0; start += dumpChunk {
+		end := min(start+dumpChunk, len(w.Hashes))
+		chunk := &kvpipev1.DumpResponse{Blocks: make([]*kvpipev1.Block, 0, end-start)}
+		for j := start; j < end; j++ {
+			b := &kvpipev1.Block{Hash: w.Hashes[j], Key: w.Keys[j], Tiers: uint32(w.Flags[j]>>snapshot.TierShift) & (1<<4 - 1)}
+			if w.Flags[j]&snapshot.FlagParent != 0 {
+				b.Parent = &w.Parents[j]
+			}
+			chunk.Blocks = append(chunk.Blocks, b)
+		}
+		if err := send(chunk); err != nil {
+			return err
+		}
+	}
+	return nil
+}
