@@ -228,6 +228,11 @@ func (s *service) list() *kvpipev1.ListWorkersResponse {
 }
 
 func (s *service) WatchWorkers(ctx context.Context, _ *connect.Request[kvpipev1.WatchWorkersRequest], stream *connect.ServerStream[kvpipev1.WorkerEvent]) error {
+	// Headers now: a client waits for them before its first Receive, and
+	// with no worker yet nothing else would send them.
+	if err := stream.Send(nil); err != nil {
+		return err
+	}
 	return s.watch(ctx, stream.Send)
 }
 
