@@ -186,9 +186,12 @@ type engine struct {
 	pub *wiretest.Publisher
 }
 
-func newEngine(t *testing.T, ep string) *engine {
+func newEngine(t *testing.T, ep string) *engine { return newEngineBuffer(t, ep, 0) }
+
+// newEngineBuffer is newEngine whose replay buffer keeps steps batches.
+func newEngineBuffer(t *testing.T, ep string, steps int) *engine {
 	t.Helper()
-	cfg := wiretest.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"}
+	cfg := wiretest.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: steps}
 	if ep != "" {
 		cfg.Endpoint = ep
 	}
