@@ -158,7 +158,12 @@ func (r *running) matchJSON(tokens []uint32) map[string]uint32 {
 	if code != http.StatusOK {
 		r.t.Fatalf("POST /v1/match: %d %s", code, resp)
 	}
-	var out struct{ Matches []struct{ Worker string; Blocks uint32 } }
+	var out struct {
+		Matches []struct {
+			Worker string
+			Blocks uint32
+		}
+	}
 	if err := json.Unmarshal([]byte(resp), &out); err != nil {
 		r.t.Fatal(err)
 	}
@@ -254,4 +259,3 @@ func (r *running) gauge(name string) float64 {
 	}
 	return -1
 }
-

@@ -173,4 +173,3 @@ func connectCode(t *testing.T, err error) connect.Code {
 	}
 	return ce.Code()
 }
-
