@@ -17,7 +17,7 @@ func FuzzCheckMatch(f *testing.F) {
 		{Tokens: chainTokens(1, 3)},
 		{Keys: []uint64{1, 2, 3}, EagleKeys: []uint64{4}},
 		{Tokens: chainTokens(2, 2), LoraName: "sql", Salt: "tenant", Multimodal: []*kvpipev1.MultiModal{{Hash: "img", Offset: 3, Length: 20}}},
-		{Tokens: make([]uint32, 40), LoraId: proto.Int64(-7), Multimodal: []*kvpipev1.MultiModal{{Hash: "b", Offset: 30, Length: 10}, {Hash: "a", Offset: 0, Length: 1}}},
+		{Tokens: make([]uint32, 40), LoraId: -7, HasLoraId: true, Multimodal: []*kvpipev1.MultiModal{{Hash: "b", Offset: 30, Length: 10}, {Hash: "a", Offset: 0, Length: 1}}},
 	}
 	for _, s := range seeds {
 		bin, _ := proto.Marshal(s)

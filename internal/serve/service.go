@@ -286,7 +286,7 @@ func (s *service) dump(ctx context.Context, name string, send func(*kvpipev1.Dum
 		for j := start; j < end; j++ {
 			b := &kvpipev1.Block{Hash: w.Hashes[j], Key: w.Keys[j], Tiers: uint32(w.Flags[j]>>snapshot.TierShift) & (1<<4 - 1)}
 			if w.Flags[j]&snapshot.FlagParent != 0 {
-				b.Parent = &w.Parents[j]
+				b.Parent, b.HasParent = w.Parents[j], true
 			}
 			chunk.Blocks = append(chunk.Blocks, b)
 		}

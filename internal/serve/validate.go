@@ -47,7 +47,7 @@ func (l limits) checkMatch(r *kvpipev1.MatchRequest) error {
 		return invalid("match: %d tokens, more than the limit of %d (--max-tokens)", len(r.Tokens), l.maxTokens)
 	case len(r.Keys) > l.maxKeys() || len(r.EagleKeys) > l.maxKeys():
 		return invalid("match: %d keys, more than the limit of %d (--max-tokens / block size)", max(len(r.Keys), len(r.EagleKeys)), l.maxKeys())
-	case hashed && (r.LoraName != "" || r.LoraId != nil || r.Salt != "" || len(r.Multimodal) > 0):
+	case hashed && (r.LoraName != "" || r.HasLoraId || r.LoraId != 0 || r.Salt != "" || len(r.Multimodal) > 0):
 		return invalid("match: keys already include the adapter, salt and multimodal inputs: send them with tokens only")
 	case len(r.LoraName) > maxLoraName:
 		return invalid("match: lora_name of %d bytes, more than %d", len(r.LoraName), maxLoraName)
@@ -71,9 +71,7 @@ func (l limits) checkMatch(r *kvpipev1.MatchRequest) error {
 // request converts a checked match request for Pipeline.FindMatchesRequest.
 func request(r *kvpipev1.MatchRequest) *kvpipe.Request {
 	q := &kvpipe.Request{Tokens: r.Tokens, Lora: r.LoraName, Salt: r.Salt}
-	if r.LoraId != nil {
-		q.LoraID, q.HasLoraID = *r.LoraId, true
-	}
+	q.LoraID, q.HasLoraID = r.LoraId, r.HasLoraId
 	if len(r.Multimodal) > 0 {
 		q.MultiModal = make([]index.MultiModal, len(r.Multimodal))
 		for i, mm := range r.Multimodal {

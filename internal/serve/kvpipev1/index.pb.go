@@ -94,9 +94,11 @@ type MatchRequest struct {
 	Keys      []uint64 `protobuf:"varint,2,rep,packed,name=keys,proto3" json:"keys,omitempty"`
 	EagleKeys []uint64 `protobuf:"varint,3,rep,packed,name=eagle_keys,json=eagleKeys,proto3" json:"eagle_keys,omitempty"`
 	// lora_name names the request's adapter; an engine that publishes only
-	// lora ids is matched with lora_id.
+	// lora ids is matched with lora_id, when has_lora_id. (No proto3
+	// "optional": older protoc releases, such as grpc_tools', refuse it.)
 	LoraName      string        `protobuf:"bytes,4,opt,name=lora_name,json=loraName,proto3" json:"lora_name,omitempty"`
-	LoraId        *int64        `protobuf:"varint,5,opt,name=lora_id,json=loraId,proto3,oneof" json:"lora_id,omitempty"`
+	LoraId        int64         `protobuf:"varint,5,opt,name=lora_id,json=loraId,proto3" json:"lora_id,omitempty"`
+	HasLoraId     bool          `protobuf:"varint,8,opt,name=has_lora_id,json=hasLoraId,proto3" json:"has_lora_id,omitempty"`
 	Salt          string        `protobuf:"bytes,6,opt,name=salt,proto3" json:"salt,omitempty"` // the request's cache salt
 	Multimodal    []*MultiModal `protobuf:"bytes,7,rep,name=multimodal,proto3" json:"multimodal,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -162,10 +164,17 @@ func (x *MatchRequest) GetLoraName() string {
 }
 
 func (x *MatchRequest) GetLoraId() int64 {
-	if x != nil && x.LoraId != nil {
-		return *x.LoraId
+	if x != nil {
+		return x.LoraId
 	}
 	return 0
+}
+
+func (x *MatchRequest) GetHasLoraId() bool {
+	if x != nil {
+		return x.HasLoraId
+	}
+	return false
 }
 
 func (x *MatchRequest) GetSalt() string {
@@ -1081,10 +1090,11 @@ func (x *DumpResponse) GetBlocks() []*Block {
 
 type Block struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Hash          uint64                 `protobuf:"varint,1,opt,name=hash,proto3" json:"hash,omitempty"`           // the engine's block hash
-	Key           uint64                 `protobuf:"varint,2,opt,name=key,proto3" json:"key,omitempty"`             // the router key of its last router block
-	Parent        *uint64                `protobuf:"varint,3,opt,name=parent,proto3,oneof" json:"parent,omitempty"` // its parent's engine hash
-	Tiers         uint32                 `protobuf:"varint,4,opt,name=tiers,proto3" json:"tiers,omitempty"`         // bit t: held in tier t (device 0, host 1, disk 2, remote 3)
+	Hash          uint64                 `protobuf:"varint,1,opt,name=hash,proto3" json:"hash,omitempty"`     // the engine's block hash
+	Key           uint64                 `protobuf:"varint,2,opt,name=key,proto3" json:"key,omitempty"`       // the router key of its last router block
+	Parent        uint64                 `protobuf:"varint,3,opt,name=parent,proto3" json:"parent,omitempty"` // its parent's engine hash, when has_parent
+	Tiers         uint32                 `protobuf:"varint,4,opt,name=tiers,proto3" json:"tiers,omitempty"`   // bit t: held in tier t (device 0, host 1, disk 2, remote 3)
+	HasParent     bool                   `protobuf:"varint,5,opt,name=has_parent,json=hasParent,proto3" json:"has_parent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1134,8 +1144,8 @@ func (x *Block) GetKey() uint64 {
 }
 
 func (x *Block) GetParent() uint64 {
-	if x != nil && x.Parent != nil {
-		return *x.Parent
+	if x != nil {
+		return x.Parent
 	}
 	return 0
 }
@@ -1147,24 +1157,30 @@ func (x *Block) GetTiers() uint32 {
 	return 0
 }
 
+func (x *Block) GetHasParent() bool {
+	if x != nil {
+		return x.HasParent
+	}
+	return false
+}
+
 var File_kvpipe_v1_index_proto protoreflect.FileDescriptor
 
 const file_kvpipe_v1_index_proto_rawDesc = "" +
 	"\n" +
-	"\x15kvpipe/v1/index.proto\x12\tkvpipe.v1\"\xeb\x01\n" +
+	"\x15kvpipe/v1/index.proto\x12\tkvpipe.v1\"\xfa\x01\n" +
 	"\fMatchRequest\x12\x16\n" +
 	"\x06tokens\x18\x01 \x03(\rR\x06tokens\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\x04R\x04keys\x12\x1d\n" +
 	"\n" +
 	"eagle_keys\x18\x03 \x03(\x04R\teagleKeys\x12\x1b\n" +
-	"\tlora_name\x18\x04 \x01(\tR\bloraName\x12\x1c\n" +
-	"\alora_id\x18\x05 \x01(\x03H\x00R\x06loraId\x88\x01\x01\x12\x12\n" +
+	"\tlora_name\x18\x04 \x01(\tR\bloraName\x12\x17\n" +
+	"\alora_id\x18\x05 \x01(\x03R\x06loraId\x12\x1e\n" +
+	"\vhas_lora_id\x18\b \x01(\bR\thasLoraId\x12\x12\n" +
 	"\x04salt\x18\x06 \x01(\tR\x04salt\x125\n" +
 	"\n" +
 	"multimodal\x18\a \x03(\v2\x15.kvpipe.v1.MultiModalR\n" +
-	"multimodalB\n" +
-	"\n" +
-	"\b_lora_id\"P\n" +
+	"multimodal\"P\n" +
 	"\n" +
 	"MultiModal\x12\x12\n" +
 	"\x04hash\x18\x01 \x01(\tR\x04hash\x12\x16\n" +
@@ -1230,13 +1246,14 @@ const file_kvpipe_v1_index_proto_rawDesc = "" +
 	"\vDumpRequest\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\"8\n" +
 	"\fDumpResponse\x12(\n" +
-	"\x06blocks\x18\x01 \x03(\v2\x10.kvpipe.v1.BlockR\x06blocks\"k\n" +
+	"\x06blocks\x18\x01 \x03(\v2\x10.kvpipe.v1.BlockR\x06blocks\"z\n" +
 	"\x05Block\x12\x12\n" +
 	"\x04hash\x18\x01 \x01(\x04R\x04hash\x12\x10\n" +
-	"\x03key\x18\x02 \x01(\x04R\x03key\x12\x1b\n" +
-	"\x06parent\x18\x03 \x01(\x04H\x00R\x06parent\x88\x01\x01\x12\x14\n" +
-	"\x05tiers\x18\x04 \x01(\rR\x05tiersB\t\n" +
-	"\a_parent*\xb3\x01\n" +
+	"\x03key\x18\x02 \x01(\x04R\x03key\x12\x16\n" +
+	"\x06parent\x18\x03 \x01(\x04R\x06parent\x12\x14\n" +
+	"\x05tiers\x18\x04 \x01(\rR\x05tiers\x12\x1d\n" +
+	"\n" +
+	"has_parent\x18\x05 \x01(\bR\thasParent*\xb3\x01\n" +
 	"\vWorkerState\x12\x1c\n" +
 	"\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17WORKER_STATE_CONNECTING\x10\x01\x12\x1a\n" +
@@ -1320,8 +1337,6 @@ func file_kvpipe_v1_index_proto_init() {
 	if File_kvpipe_v1_index_proto != nil {
 		return
 	}
-	file_kvpipe_v1_index_proto_msgTypes[0].OneofWrappers = []any{}
-	file_kvpipe_v1_index_proto_msgTypes[16].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -1,0 +1,129 @@
+package serve
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"connectrpc.com/connect"
+	"github.com/kvpipe/kvpipe/internal/enginepeer"
+	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1"
+)
+
+// pyChain is the prompt whose blocks engine_pub.py's "chain n base" stored.
+func pyChain(base, n int) []uint32 {
+	out := make([]uint32, 0, n*16)
+	for i := range n {
+		for t := range 16 {
+			out = append(out, uint32(((base-1000+i)*16+t)%50000))
+		}
+	}
+	return out
+}
+
+// pyClient runs examples/python/kvpipe_client.py against the server.
+type pyClient struct {
+	t      *testing.T
+	python string
+	server string
+}
+
+func newPyClient(t *testing.T, r *running) *pyClient {
+	t.Helper()
+	python := enginepeer.Python(t)
+	if exec.Command(python, "-c", "import grpc, grpc_tools").Run() != nil {
+		enginepeer.Missing(t, "python3 with grpc and grpc_tools (apt-get install python3-grpcio python3-grpc-tools)")
+	}
+	return &pyClient{t: t, python: python, server: strings.TrimPrefix(r.url, "http://")}
+}
+
+// run runs one client command and decodes its one line of JSON.
+func (c *pyClient) run(out any, args ...string) {
+	c.t.Helper()
+	cmd := exec.Command(c.python, append([]string{"../../examples/python/kvpipe_client.py", "--server", c.server}, args...)...)
+	cmd.Env = append(os.Environ(), "KVPIPE_TOKEN="+testToken)
+	data, err := cmd.Output()
+	if err != nil {
+		c.t.Fatalf("kvpipe_client.py %v: %v: %s", args, err, data)
+	}
+	if err := json.Unmarshal([]byte(strings.SplitN(string(data), "\n", 2)[0]), out); err != nil {
+		c.t.Fatalf("kvpipe_client.py %v printed %q: %v", args, data, err)
+	}
+}
+
+type pyMatch struct {
+	Matches []struct {
+		Worker  string
+		Blocks  int
+		Tiers   []int
+		Score   float64
+		Partial bool
+	}
+	RequestBlocks int `json:"request_blocks"`
+}
+
+func (c *pyClient) match(tokens []uint32) pyMatch {
+	c.t.Helper()
+	var b strings.Builder
+	for _, tok := range tokens {
+		fmt.Fprintln(&b, tok)
+	}
+	file := filepath.Join(c.t.TempDir(), "tokens")
+	os.WriteFile(file, []byte(b.String()), 0o600)
+	var m pyMatch
+	c.run(&m, "match", "--tokens-file", file)
+	return m
+}
+
+// The Python client (grpcio) registers a C libzmq engine with a live serve
+// and asks it: the scores are the engine's blocks, and a dump names them.
+func TestInteropPythonClient(t *testing.T) {
+	ep, replay := freeTCP(t), freeTCP(t)
+	engine := enginepeer.Start(t, "../../wire/testdata/engine_pub.py", "--endpoint", ep, "--replay", replay)
+	engine.Expect("ready")
+	r := start(t, Config{Token: testToken, Allow: []string{"127.0.0.1"}})
+	py := newPyClient(t, r)
+	var reg struct{ Worker struct{ Name, Endpoint string } }
+	py.run(&reg, "register", "--name", "e0", "--endpoint", ep, "--replay", replay)
+	if reg.Worker.Name != "e0" || reg.Worker.Endpoint != ep {
+		t.Fatalf("registered %+v, want e0 at %s", reg.Worker, ep)
+	}
+	eventually(t, "the subscription", func() bool { ws, ok := r.p.Stats().Worker("e0"); return ok && ws.Wire.Batches > 0 })
+	engine.Send("go")
+	engine.Send("chain 20 1000")
+	engine.Expect("published")
+	full := pyChain(1000, 20)
+	eventually(t, "the chain indexed", func() bool { return r.matchGRPC(full)["e0"] == 20 })
+
+	m := py.match(full)
+	if len(m.Matches) != 1 || m.Matches[0].Worker != "e0" || m.Matches[0].Blocks != 20 || m.Matches[0].Score != 20 || m.RequestBlocks != 20 {
+		t.Errorf("Python match of the engine's 20 blocks: %+v", m)
+	}
+	half := append(pyChain(1000, 12), pyChain(3000, 8)...)
+	if m := py.match(half); len(m.Matches) != 1 || m.Matches[0].Blocks != 12 {
+		t.Errorf("Python match of 12 of the engine's blocks, then others: %+v", m)
+	}
+	var dump struct{ Blocks []struct{ Hash string } }
+	py.run(&dump, "dump", "--worker", "e0")
+	var hashes []string
+	for _, b := range dump.Blocks {
+		hashes = append(hashes, b.Hash)
+	}
+	for i := range 20 {
+		if !slices.Contains(hashes, fmt.Sprint(1000+i)) {
+			t.Errorf("dump %v lacks the engine's block %d", hashes, 1000+i)
+		}
+	}
+	var gone map[string]any
+	py.run(&gone, "unregister", "--name", "e0")
+	if resp, err := r.grpc.Match(context.Background(), connect.NewRequest(&kvpipev1.MatchRequest{Tokens: full})); err != nil || len(resp.Msg.Matches) != 0 {
+		t.Errorf("after unregister: %v, %v; want no match", resp, err)
+	}
+	engine.Send("quit")
+}
