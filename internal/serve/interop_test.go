@@ -89,7 +89,9 @@ func TestInteropPythonClient(t *testing.T) {
 	engine.Expect("ready")
 	r := start(t, Config{Token: testToken, Allow: []string{"127.0.0.1"}})
 	py := newPyClient(t, r)
-	var reg struct{ Worker struct{ Name, Endpoint string } }
+	var reg struct {
+		Worker struct{ Name, Endpoint string }
+	}
 	py.run(&reg, "register", "--name", "e0", "--endpoint", ep, "--replay", replay)
 	if reg.Worker.Name != "e0" || reg.Worker.Endpoint != ep {
 		t.Fatalf("registered %+v, want e0 at %s", reg.Worker, ep)

@@ -16,18 +16,25 @@ import (
 // names in lowerCamelCase or as in the .proto, 64-bit integers as strings
 // on output), so a body is the same as over Connect.
 func (s *Server) restRoutes(mux *http.ServeMux) {
-	mux.HandleFunc("POST /v1/match", s.restMatch)
+	rt := &rest{svc: s.svc, maxBytes: s.cfg.MaxMessageBytes}
+	mux.HandleFunc("POST /v1/match", rt.restMatch)
 	mux.HandleFunc("GET /v1/workers", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, s.svc.list()) })
-	mux.HandleFunc("POST /v1/workers", s.restRegister)
-	mux.HandleFunc("DELETE /v1/workers/{name}", s.restUnregister)
-	mux.HandleFunc("GET /v1/dump", s.restDump)
+	mux.HandleFunc("POST /v1/workers", rt.restRegister)
+	mux.HandleFunc("DELETE /v1/workers/{name}", rt.restUnregister)
+	mux.HandleFunc("GET /v1/dump", rt.restDump)
 	mux.Handle("GET /metrics", promHandler(s.cfg.Registry))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
 	mux.HandleFunc("GET /readyz", s.readyz)
 	mux.HandleFunc("GET /{$}", s.page)
 }
 
-func (s *Server) restMatch(w http.ResponseWriter, r *http.Request) {
+// rest is the HTTP/JSON face of the service.
+type rest struct {
+	svc      *service
+	maxBytes int // of a request body
+}
+
+func (s *rest) restMatch(w http.ResponseWriter, r *http.Request) {
 	var req kvpipev1.MatchRequest
 	if !s.readJSON(w, r, &req) {
 		return
@@ -40,7 +47,7 @@ func (s *Server) restMatch(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-func (s *Server) restRegister(w http.ResponseWriter, r *http.Request) {
+func (s *rest) restRegister(w http.ResponseWriter, r *http.Request) {
 	if err := s.svc.guard.authorize(r.Header); err != nil {
 		writeError(w, err)
 		return
@@ -57,7 +64,7 @@ func (s *Server) restRegister(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, &kvpipev1.RegisterWorkerResponse{Worker: out})
 }
 
-func (s *Server) restUnregister(w http.ResponseWriter, r *http.Request) {
+func (s *rest) restUnregister(w http.ResponseWriter, r *http.Request) {
 	if err := s.svc.guard.authorize(r.Header); err != nil {
 		writeError(w, err)
 		return
@@ -70,7 +77,7 @@ func (s *Server) restUnregister(w http.ResponseWriter, r *http.Request) {
 }
 
 // restDump writes the worker's blocks as JSON lines, one chunk a line.
-func (s *Server) restDump(w http.ResponseWriter, r *http.Request) {
+func (s *rest) restDump(w http.ResponseWriter, r *http.Request) {
 	if err := s.svc.guard.authorize(r.Header); err != nil {
 		writeError(w, err)
 		return
@@ -94,8 +101,8 @@ func (s *Server) restDump(w http.ResponseWriter, r *http.Request) {
 
 // readJSON decodes a request body of at most MaxMessageBytes; a bad one is
 // answered 400 with what is wrong.
-func (s *Server) readJSON(w http.ResponseWriter, r *http.Request, m proto.Message) bool {
-	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxMessageBytes)))
+func (s *rest) readJSON(w http.ResponseWriter, r *http.Request, m proto.Message) bool {
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(s.maxBytes)))
 	var tooBig *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooBig):

@@ -2,7 +2,6 @@ package serve
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"slices"
 	"strings"
@@ -163,13 +162,3 @@ func TestReadyz(t *testing.T) {
 func protoJSON(s string, m proto.Message) error { return protojson.Unmarshal([]byte(s), m) }
 
 var freeTCP = ztest.FreeTCP
-
-// connectCode is err's code, or a failure when err is not a connect error.
-func connectCode(t *testing.T, err error) connect.Code {
-	t.Helper()
-	var ce *connect.Error
-	if !errors.As(err, &ce) {
-		t.Fatalf("error %v is not a connect error", err)
-	}
-	return ce.Code()
-}
