@@ -205,72 +205,7 @@ func BenchmarkLoopback(b *testing.B) {
 	for _, bc := range shardsAndRates() {
 		n, rate := bc.shards, bc.rate
 		b.Run(bc.name, func(b *testing.B) {
-			p, err := kvpipe.New(kvpipe.Config{BlockSize: blockSize, Shards: n, ShardQueue: 256})
-			if err != nil {
-				b.Fatal(err)
-			}
-			runDone := make(chan error, 1)
-			go func() { runDone <- p.Run(context.Background()) }()
-			defer func() { p.Shutdown(context.Background()); <-runDone }()
-			var pubs [workers]*wiretest.Publisher
-			for i := range pubs {
-				pub, err := wiretest.NewPublisher(wiretest.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", BufferSteps: 1})
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer pub.Close()
-				pubs[i] = pub
-				if err := p.AddWorker(fmt.Sprint("w", i), kvpipe.WorkerConfig{Endpoint: "tcp://" + pub.Addr()}); err != nil {
-					b.Fatal(err)
-				}
-			}
-			applied := func() uint64 { // or known lost: a pass must end either way
-				t := p.Stats().Total()
-				return t.Actor.Batches + t.Wire.Lost
-			}
-			// Warm up and make sure every subscription is in place.
-			for deadline := time.Now().Add(10 * time.Second); ; {
-				for _, pub := range pubs {
-					pub.Publish(w.clear)
-				}
-				ready := 0
-				for _, s := range p.Stats().Workers {
-					if s.Actor.Batches > 0 {
-						ready++
-					}
-				}
-				if ready == workers {
-					break
-				}
-				if time.Now().After(deadline) {
-					b.Fatal("subscribers not ready")
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
-			time.Sleep(50 * time.Millisecond) // the probes still on the way arrive
-			// Probes sent before a subscription was in place never arrive, so
-			// count from what has arrived, not from what was published.
-			var published atomic.Uint64
-			published.Store(applied())
-			pass := func() {
-				var wg sync.WaitGroup
-				for i, pub := range pubs {
-					wg.Go(func() {
-						for _, f := range w.frames[i] {
-							pub.Publish(f)
-						}
-						pub.Publish(w.clear)
-						published.Add(uint64(len(w.frames[i]) + 1))
-					})
-				}
-				wg.Wait()
-				for applied() < published.Load() { // every batch reached its actor
-					time.Sleep(time.Millisecond)
-				}
-				if err := p.Sync(context.Background()); err != nil { // and its shard applied it
-					b.Fatal(err)
-				}
-			}
+			p, pass := loopback(b, w, n, runPipeline)
 			ctx := context.Background()
 			var dst []kvpipe.Match
 			measure(b, w, rate, pass, func(keys []uint64) (err error) {
@@ -281,6 +216,83 @@ func BenchmarkLoopback(b *testing.B) {
 				b.Errorf("%d batches lost over loopback", lost)
 			}
 		})
+	}
+}
+
+// runPipeline runs p until the benchmark ends.
+func runPipeline(b *testing.B, p *kvpipe.Pipeline) {
+	runDone := make(chan error, 1)
+	go func() { runDone <- p.Run(context.Background()) }()
+	b.Cleanup(func() { p.Shutdown(context.Background()); <-runDone })
+}
+
+// loopback builds a pipeline of n shards, runs it with run, and subscribes
+// it to 8 publishers on loopback; pass publishes the workload once and
+// returns when the pipeline has applied all of it.
+func loopback(b *testing.B, w *workload, n int, run func(*testing.B, *kvpipe.Pipeline)) (*kvpipe.Pipeline, func()) {
+	p, err := kvpipe.New(kvpipe.Config{BlockSize: blockSize, Shards: n, ShardQueue: 256})
+	if err != nil {
+		b.Fatal(err)
+	}
+	run(b, p)
+	var pubs [workers]*wiretest.Publisher
+	for i := range pubs {
+		pub, err := wiretest.NewPublisher(wiretest.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", BufferSteps: 1})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { pub.Close() })
+		pubs[i] = pub
+		if err := p.AddWorker(fmt.Sprint("w", i), kvpipe.WorkerConfig{Endpoint: "tcp://" + pub.Addr()}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	applied := func() uint64 { // or known lost: a pass must end either way
+		t := p.Stats().Total()
+		return t.Actor.Batches + t.Wire.Lost
+	}
+	// Warm up and make sure every subscription is in place.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		for _, pub := range pubs {
+			pub.Publish(w.clear)
+		}
+		ready := 0
+		for _, s := range p.Stats().Workers {
+			if s.Actor.Batches > 0 {
+				ready++
+			}
+		}
+		if ready == workers {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatal("subscribers not ready")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // the probes still on the way arrive
+	// Probes sent before a subscription was in place never arrive, so
+	// count from what has arrived, not from what was published.
+	var published atomic.Uint64
+	published.Store(applied())
+	return p, func() {
+		var wg sync.WaitGroup
+		for i, pub := range pubs {
+			wg.Go(func() {
+				for _, f := range w.frames[i] {
+					pub.Publish(f)
+				}
+				pub.Publish(w.clear)
+				published.Add(uint64(len(w.frames[i]) + 1))
+			})
+		}
+		wg.Wait()
+		for applied() < published.Load() { // every batch reached its actor
+			time.Sleep(time.Millisecond)
+		}
+		if err := p.Sync(context.Background()); err != nil { // and its shard applied it
+			b.Fatal(err)
+		}
 	}
 }
 

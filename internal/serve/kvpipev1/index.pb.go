@@ -90,9 +90,10 @@ type MatchRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Tokens []uint32               `protobuf:"varint,1,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
 	// keys are the router keys of the request's blocks, for workers keyed
-	// plainly; eagle_keys those for workers keyed over EAGLE windows.
-	Keys      []uint64 `protobuf:"varint,2,rep,packed,name=keys,proto3" json:"keys,omitempty"`
-	EagleKeys []uint64 `protobuf:"varint,3,rep,packed,name=eagle_keys,json=eagleKeys,proto3" json:"eagle_keys,omitempty"`
+	// plainly; eagle_keys those for workers keyed over EAGLE windows. fixed64:
+	// hashes take 8 bytes so, 10 as varints, and (un)marshal as a copy.
+	Keys      []uint64 `protobuf:"fixed64,2,rep,packed,name=keys,proto3" json:"keys,omitempty"`
+	EagleKeys []uint64 `protobuf:"fixed64,3,rep,packed,name=eagle_keys,json=eagleKeys,proto3" json:"eagle_keys,omitempty"`
 	// lora_name names the request's adapter; an engine that publishes only
 	// lora ids is matched with lora_id, when has_lora_id. (No proto3
 	// "optional": older protoc releases, such as grpc_tools', refuse it.)
@@ -1090,10 +1091,10 @@ func (x *DumpResponse) GetBlocks() []*Block {
 
 type Block struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Hash          uint64                 `protobuf:"varint,1,opt,name=hash,proto3" json:"hash,omitempty"`     // the engine's block hash
-	Key           uint64                 `protobuf:"varint,2,opt,name=key,proto3" json:"key,omitempty"`       // the router key of its last router block
-	Parent        uint64                 `protobuf:"varint,3,opt,name=parent,proto3" json:"parent,omitempty"` // its parent's engine hash, when has_parent
-	Tiers         uint32                 `protobuf:"varint,4,opt,name=tiers,proto3" json:"tiers,omitempty"`   // bit t: held in tier t (device 0, host 1, disk 2, remote 3)
+	Hash          uint64                 `protobuf:"fixed64,1,opt,name=hash,proto3" json:"hash,omitempty"`     // the engine's block hash
+	Key           uint64                 `protobuf:"fixed64,2,opt,name=key,proto3" json:"key,omitempty"`       // the router key of its last router block
+	Parent        uint64                 `protobuf:"fixed64,3,opt,name=parent,proto3" json:"parent,omitempty"` // its parent's engine hash, when has_parent
+	Tiers         uint32                 `protobuf:"varint,4,opt,name=tiers,proto3" json:"tiers,omitempty"`    // bit t: held in tier t (device 0, host 1, disk 2, remote 3)
 	HasParent     bool                   `protobuf:"varint,5,opt,name=has_parent,json=hasParent,proto3" json:"has_parent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1171,9 +1172,9 @@ const file_kvpipe_v1_index_proto_rawDesc = "" +
 	"\x15kvpipe/v1/index.proto\x12\tkvpipe.v1\"\xfa\x01\n" +
 	"\fMatchRequest\x12\x16\n" +
 	"\x06tokens\x18\x01 \x03(\rR\x06tokens\x12\x12\n" +
-	"\x04keys\x18\x02 \x03(\x04R\x04keys\x12\x1d\n" +
+	"\x04keys\x18\x02 \x03(\x06R\x04keys\x12\x1d\n" +
 	"\n" +
-	"eagle_keys\x18\x03 \x03(\x04R\teagleKeys\x12\x1b\n" +
+	"eagle_keys\x18\x03 \x03(\x06R\teagleKeys\x12\x1b\n" +
 	"\tlora_name\x18\x04 \x01(\tR\bloraName\x12\x17\n" +
 	"\alora_id\x18\x05 \x01(\x03R\x06loraId\x12\x1e\n" +
 	"\vhas_lora_id\x18\b \x01(\bR\thasLoraId\x12\x12\n" +
@@ -1248,9 +1249,9 @@ const file_kvpipe_v1_index_proto_rawDesc = "" +
 	"\fDumpResponse\x12(\n" +
 	"\x06blocks\x18\x01 \x03(\v2\x10.kvpipe.v1.BlockR\x06blocks\"z\n" +
 	"\x05Block\x12\x12\n" +
-	"\x04hash\x18\x01 \x01(\x04R\x04hash\x12\x10\n" +
-	"\x03key\x18\x02 \x01(\x04R\x03key\x12\x16\n" +
-	"\x06parent\x18\x03 \x01(\x04R\x06parent\x12\x14\n" +
+	"\x04hash\x18\x01 \x01(\x06R\x04hash\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\x06R\x03key\x12\x16\n" +
+	"\x06parent\x18\x03 \x01(\x06R\x06parent\x12\x14\n" +
 	"\x05tiers\x18\x04 \x01(\rR\x05tiers\x12\x1d\n" +
 	"\n" +
 	"has_parent\x18\x05 \x01(\bR\thasParent*\xb3\x01\n" +
