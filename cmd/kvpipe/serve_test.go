@@ -2,7 +2,9 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"os"
@@ -11,6 +13,10 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/internal/natstest"
+	"github.com/kvpipe/kvpipe/internal/wiretest"
 )
 
 // kvpipe serve with a worker from a --config file: it answers, and SIGTERM
@@ -73,4 +79,84 @@ func TestServeFlagErrors(t *testing.T) {
 			t.Errorf("serve %v: exit %d, stderr %q; want 2 and a message", args, code, errOut.String())
 		}
 	}
+}
+
+// kvpipe serve --nats follows a relay's stream: it answers with the blocks
+// the relay's engine stored, without a connection to the engine.
+func TestServeFollowsARelay(t *testing.T) {
+	srv := natstest.Start(t)
+	ep, replay := freeTCP(t), freeTCP(t)
+	pub, err := wiretest.NewPublisher(wiretest.PublisherConfig{Endpoint: ep, ReplayEndpoint: replay})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	var b codec.Batch
+	tokens := make([]uint32, 5*16)
+	for i := range tokens {
+		tokens[i] = uint32(100 + i)
+	}
+	for i := range 5 {
+		b.Events = append(b.Events, codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{uint64(i + 1)}, ParentHash: uint64(i),
+			HasParent: i > 0, TokenIDs: tokens[i*16 : (i+1)*16], BlockSize: 16})
+	}
+	pub.Publish(codec.AppendBatch(nil, &b, codec.CurrentVLLM))
+	ctx, cancel := context.WithCancel(context.Background())
+	nats := []string{"--nats", srv.URL(), "--stream", "T", "--prefix", "t.ops", "--bucket", "t-snap"}
+	relayDone := make(chan int, 1)
+	go func() {
+		relayDone <- run(ctx, append([]string{"relay", "--endpoint", "e0=" + ep, "--replay", "e0=" + replay}, nats...), nil, io.Discard, io.Discard)
+	}()
+	stderrR, stderrW := io.Pipe()
+	serveDone := make(chan int, 1)
+	go func() {
+		serveDone <- run(ctx, append([]string{"serve", "--listen", "127.0.0.1:0"}, nats...), nil, io.Discard, stderrW)
+		stderrW.Close()
+	}()
+	lines := bufio.NewScanner(stderrR)
+	if !lines.Scan() || !strings.Contains(lines.Text(), "listening on") {
+		t.Fatalf("stderr %q, want the listening line", lines.Text())
+	}
+	go io.Copy(io.Discard, stderrR)
+	url := "http://" + strings.Fields(lines.Text())[4]
+	client := &http.Client{Timeout: time.Minute}
+	defer client.CloseIdleConnections()
+	body, _ := json.Marshal(map[string]any{"tokens": tokens})
+	var got string
+	for deadline := time.Now().Add(time.Minute); !matched(got, "e0", 5); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the relayed blocks never answered: last %s", got)
+		}
+		resp, err := client.Post(url+"/v1/match", "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		got = string(data)
+	}
+	cancel()
+	if code := <-serveDone; code != 0 {
+		t.Errorf("serve exit %d", code)
+	}
+	if code := <-relayDone; code != 0 {
+		t.Errorf("relay exit %d", code)
+	}
+}
+
+// matched reports whether a /v1/match answer gives worker blocks blocks.
+func matched(answer, worker string, blocks int) bool {
+	var m struct {
+		Matches []struct {
+			Worker string
+			Blocks int
+		}
+	}
+	json.Unmarshal([]byte(answer), &m)
+	for _, w := range m.Matches {
+		if w.Worker == worker && w.Blocks == blocks {
+			return true
+		}
+	}
+	return false
 }

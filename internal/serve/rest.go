@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"io"
@@ -88,9 +89,9 @@ func (s *rest) restDump(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "application/x-ndjson")
 			started = true
 		}
-		data, err := protojson.Marshal(chunk)
+		data, err := marshalJSON(chunk)
 		if err == nil {
-			_, err = w.Write(append(data, '\n'))
+			_, err = w.Write(data)
 		}
 		return err
 	})
@@ -123,14 +124,30 @@ func (s *rest) readJSON(w http.ResponseWriter, r *http.Request, m proto.Message)
 }
 
 func writeJSON(w http.ResponseWriter, status int, m proto.Message) {
-	data, err := protojson.Marshal(m)
+	data, err := marshalJSON(m)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	w.Write(append(data, '\n'))
+	w.Write(data)
+}
+
+// marshalJSON is protojson's output compacted, one line: protojson varies
+// its spacing on purpose, which a person reading curl's output need not see.
+func marshalJSON(m proto.Message) ([]byte, error) {
+	data, err := protojson.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	var out bytes.Buffer
+	out.Grow(len(data) + 1)
+	if err := json.Compact(&out, data); err != nil {
+		return nil, err
+	}
+	out.WriteByte('\n')
+	return out.Bytes(), nil
 }
 
 // writeError answers with the HTTP status of err's code and a body as
