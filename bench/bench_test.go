@@ -205,7 +205,7 @@ func BenchmarkLoopback(b *testing.B) {
 	for _, bc := range shardsAndRates() {
 		n, rate := bc.shards, bc.rate
 		b.Run(bc.name, func(b *testing.B) {
-			p, pass := loopback(b, w, n, runPipeline)
+			p, pass := loopback(b, w, n, 0, runPipeline)
 			ctx := context.Background()
 			var dst []kvpipe.Match
 			measure(b, w, rate, pass, func(keys []uint64) (err error) {
@@ -227,9 +227,10 @@ func runPipeline(b *testing.B, p *kvpipe.Pipeline) {
 }
 
 // loopback builds a pipeline of n shards, runs it with run, and subscribes
-// it to 8 publishers on loopback; pass publishes the workload once and
-// returns when the pipeline has applied all of it.
-func loopback(b *testing.B, w *workload, n int, run func(*testing.B, *kvpipe.Pipeline)) (*kvpipe.Pipeline, func()) {
+// it to 8 publishers on loopback; pass publishes the workload once, flat
+// out or spread evenly over spread, and returns when the pipeline has
+// applied all of it.
+func loopback(b *testing.B, w *workload, n int, spread time.Duration, run func(*testing.B, *kvpipe.Pipeline)) (*kvpipe.Pipeline, func()) {
 	p, err := kvpipe.New(kvpipe.Config{BlockSize: blockSize, Shards: n, ShardQueue: 256})
 	if err != nil {
 		b.Fatal(err)
@@ -279,7 +280,11 @@ func loopback(b *testing.B, w *workload, n int, run func(*testing.B, *kvpipe.Pip
 		var wg sync.WaitGroup
 		for i, pub := range pubs {
 			wg.Go(func() {
-				for _, f := range w.frames[i] {
+				start, frames := time.Now(), w.frames[i]
+				for j, f := range frames {
+					if due := spread * time.Duration(j) / time.Duration(len(frames)); spread > 0 && due > time.Since(start) {
+						time.Sleep(due - time.Since(start))
+					}
 					pub.Publish(f)
 				}
 				pub.Publish(w.clear)

@@ -23,12 +23,13 @@ import (
 // BenchmarkServe: BenchmarkLoopback's ingest (2 shards) into a pipeline run
 // by kvpipe serve, with its matches asked in process, over gRPC (h2c) and
 // over POST /v1/match on loopback, by one client flat out and at 5k/s;
-// the client runs on the same cores. ingest=idle asks the index the
-// trace's first pass left, for a second per iteration, with nothing
-// streaming in: the transport's own cost.
+// the client runs on the same cores. ingest=trace streams the trace in flat
+// out (the cores saturated), ingest=paced spread over 10 s a pass, and
+// ingest=idle asks the index the trace's first pass left, a second per
+// iteration, with nothing streaming in: the transport's own cost.
 func BenchmarkServe(b *testing.B) {
 	w := load(b)
-	for _, ingest := range []string{"trace", "idle"} {
+	for _, ingest := range []string{"trace", "paced", "idle"} {
 		for _, via := range []string{"inprocess", "grpc", "json"} {
 			for _, rate := range []int{0, 5000} {
 				q := "query=flat"
@@ -37,9 +38,13 @@ func BenchmarkServe(b *testing.B) {
 				}
 				b.Run("ingest="+ingest+"/"+via+"/"+q, func(b *testing.B) {
 					var url string
-					p, pass := loopback(b, w, 2, func(b *testing.B, p *kvpipe.Pipeline) { url = runServe(b, p) })
+					spread := time.Duration(0)
+					if ingest == "paced" {
+						spread = 10 * time.Second
+					}
+					p, pass := loopback(b, w, 2, spread, func(b *testing.B, p *kvpipe.Pipeline) { url = runServe(b, p) })
 					find := matcher(b, via, p, url)
-					if ingest == "trace" {
+					if ingest != "idle" {
 						measure(b, w, rate, pass, find)
 						return
 					}
