@@ -30,7 +30,7 @@ type WorkerState int32
 
 const (
 	WorkerState_WORKER_STATE_UNSPECIFIED WorkerState = 0
-	WorkerState_WORKER_STATE_CONNECTING  WorkerState = 1 // no connection to its engine yet
+	WorkerState_WORKER_STATE_CONNECTING  WorkerState = 1 // not connected to its engine (not yet, or not now)
 	WorkerState_WORKER_STATE_CONNECTED   WorkerState = 2 // connected, its history whole
 	WorkerState_WORKER_STATE_PARTIAL     WorkerState = 3 // its entries may lack blocks its engine holds
 	WorkerState_WORKER_STATE_FOLLOWED    WorkerState = 4 // fed by a relay's stream
