@@ -158,14 +158,14 @@ func (q *liveQueue) resumeAfter(seq *seqTracker, barrier uint64) {
 	// Live batches older than the barrier may still be on their way: from
 	// where the stream stood, they are duplicates, not a restart.
 	floor := uint64(0)
-	if _, ok := seq.Last(); ok {
+	if _, ok := seq.latest(); ok {
 		floor = seq.dupFloor
 	}
 	seq.anchor(barrier, floor)
 	kept := q.frames[:0]
 	for _, f := range q.frames {
 		if f.seq == barrier {
-			seq.Apply(f.seq, f.payload)
+			seq.apply(f.seq, f.payload)
 		} else if f.seq > barrier {
 			kept = append(kept, f)
 		}
