@@ -335,15 +335,7 @@ func TestAppendBatchAllocatesNothing(t *testing.T) {
 	}
 }
 
-func TestMediumTierAndKind(t *testing.T) {
-	tiers := map[string]Tier{"": TierDevice, "GPU": TierDevice, "CPU": TierHost, "CPU_PINNED": TierHost,
-		"DISK": TierDisk, "NVME": TierDisk, "STORAGE": TierDisk, "EXTERNAL": TierRemote, "REMOTE": TierRemote,
-		"TAPE": TierUnknown, "gpu": TierUnknown}
-	for m, want := range tiers {
-		if got := MediumTier(m); got != want {
-			t.Errorf("MediumTier(%q) = %v, want %v", m, got, want)
-		}
-	}
+func TestMainAttentionKinds(t *testing.T) {
 	for kind, want := range map[string]bool{"full_attention": true, "mla_attention": true, "sink_full_attention": true,
 		"sliding_window": false, "mamba": false, "chunked_local_attention": false, "": false} {
 		if got := IsMainAttention(kind); got != want {
