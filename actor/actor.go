@@ -84,8 +84,8 @@ type Actor struct {
 	fresh   bool        // no batch since the start or the last reset
 	stale   atomic.Bool // the outbox owes the index a clear (Stale)
 
-	snapBlocks []codec.SnapshotBlock // reused across chunks
-	snapWhole  bool                  // the engine snapshot being applied mapped every block so far
+	snapBlocks []codec.EngineSnapshotBlock // reused across chunks
+	snapWhole  bool                        // the engine snapshot being applied mapped every block so far
 
 	// pending: an imported snapshot waits for its position to be proven
 	// before its blocks (block.restored) go into the index, with
@@ -217,7 +217,7 @@ func (a *Actor) HandleEngineSnapshotBegin() {
 // index, under the keys learned from their BlockStored events.
 func (a *Actor) HandleEngineSnapshot(chunk []byte) {
 	var err error
-	if a.snapBlocks, err = a.decoder.DecodeSnapshotChunk(chunk, a.snapBlocks); err != nil {
+	if a.snapBlocks, err = a.decoder.DecodeEngineSnapshotChunk(chunk, a.snapBlocks); err != nil {
 		a.stats.DecodeErrors.Add(1)
 		a.snapWhole = false
 		a.warn.Warn("snapshot chunk dropped: bad payload", "err", err, "worker", a.cfg.Name)
