@@ -345,12 +345,12 @@ func TestMainAttentionKinds(t *testing.T) {
 }
 
 // A Decoder needs no constructor: the zero value and a literal with only
-// Limits decode as NewDecoder's does (they panicked on the intern table, or
+// limits decode as NewDecoder's does (they panicked on the intern table, or
 // rejected everything with zero limits).
 func TestDecoderZeroValue(t *testing.T) {
 	e := Event{Type: BlockStored, BlockHashes: []uint64{7}, TokenIDs: make([]uint32, 16), BlockSize: 16, Medium: "a-new-medium"}
 	p := AppendBatch(nil, &Batch{TS: 1, Events: []Event{e}}, CurrentVLLM)
-	for name, d := range map[string]*Decoder{"zero": {}, "limits only": {Limits: DefaultLimits}, "one limit": {Limits: Limits{MaxTokens: 8}}} {
+	for name, d := range map[string]*Decoder{"zero": {}, "limits only": {lim: defaultLimits}, "one limit": {lim: decodeLimits{MaxTokens: 8}}} {
 		var b Batch
 		err := d.Decode(p, &b)
 		if name == "one limit" {

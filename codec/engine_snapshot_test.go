@@ -290,41 +290,41 @@ func TestDecodeSnapshotChunkErrors(t *testing.T) {
 	cases := []struct {
 		name    string
 		payload []byte
-		limits  Limits
+		limits  decodeLimits
 		want    string
 	}{
-		{"empty", nil, DefaultLimits, "batch: snapshot chunk: truncated payload"},
-		{"nil", nilp, DefaultLimits, "batch: snapshot chunk: expected array, got nil"},
-		{"a map", msgp.AppendMapHeader(nil, 0), DefaultLimits, "batch: snapshot chunk: expected array, got map"},
-		{"record as int", chunkOf(msgp.AppendInt(nil, 5)), DefaultLimits, "event 0: expected array (parent_block_hash, block_hashes), got int"},
-		{"record as map", chunkOf(record(nilp, one), msgp.AppendMapHeader(nil, 0)), DefaultLimits, "event 1: expected array (parent_block_hash, block_hashes), got map"},
-		{"record of one slot", chunkOf(record(nilp)), DefaultLimits, "event 0: record array of 1 elements, want at least 2 (parent_block_hash, block_hashes)"},
-		{"empty record", chunkOf(record()), DefaultLimits, "event 0: record array of 0 elements, want at least 2"},
-		{"parent as string", chunkOf(record(msgp.AppendString(nil, "p"), one)), DefaultLimits, "event 0: snapshot parent_block_hash: expected int, got str"},
-		{"parent as float", chunkOf(record(msgp.AppendFloat64(nil, 1), one)), DefaultLimits, "event 0: snapshot parent_block_hash: expected int, got float64"},
-		{"hashes nil", chunkOf(record(nilp, nilp)), DefaultLimits, "event 0: snapshot block_hashes: expected array, got nil"},
-		{"hashes as int", chunkOf(record(nilp, msgp.AppendInt(nil, 1))), DefaultLimits, "event 0: snapshot block_hashes: expected array, got int"},
-		{"hash as string", chunkOf(record(nilp, one), record(nilp, hashesOf(msgp.AppendInt(nil, 1), msgp.AppendString(nil, "h")))), DefaultLimits,
+		{"empty", nil, defaultLimits, "batch: snapshot chunk: truncated payload"},
+		{"nil", nilp, defaultLimits, "batch: snapshot chunk: expected array, got nil"},
+		{"a map", msgp.AppendMapHeader(nil, 0), defaultLimits, "batch: snapshot chunk: expected array, got map"},
+		{"record as int", chunkOf(msgp.AppendInt(nil, 5)), defaultLimits, "event 0: expected array (parent_block_hash, block_hashes), got int"},
+		{"record as map", chunkOf(record(nilp, one), msgp.AppendMapHeader(nil, 0)), defaultLimits, "event 1: expected array (parent_block_hash, block_hashes), got map"},
+		{"record of one slot", chunkOf(record(nilp)), defaultLimits, "event 0: record array of 1 elements, want at least 2 (parent_block_hash, block_hashes)"},
+		{"empty record", chunkOf(record()), defaultLimits, "event 0: record array of 0 elements, want at least 2"},
+		{"parent as string", chunkOf(record(msgp.AppendString(nil, "p"), one)), defaultLimits, "event 0: snapshot parent_block_hash: expected int, got str"},
+		{"parent as float", chunkOf(record(msgp.AppendFloat64(nil, 1), one)), defaultLimits, "event 0: snapshot parent_block_hash: expected int, got float64"},
+		{"hashes nil", chunkOf(record(nilp, nilp)), defaultLimits, "event 0: snapshot block_hashes: expected array, got nil"},
+		{"hashes as int", chunkOf(record(nilp, msgp.AppendInt(nil, 1))), defaultLimits, "event 0: snapshot block_hashes: expected array, got int"},
+		{"hash as string", chunkOf(record(nilp, one), record(nilp, hashesOf(msgp.AppendInt(nil, 1), msgp.AppendString(nil, "h")))), defaultLimits,
 			"event 1: snapshot block_hashes: [1]: expected int, got str"},
-		{"hash nil", chunkOf(record(nilp, hashesOf(nilp))), DefaultLimits, "event 0: snapshot block_hashes: [0]: expected int, got nil"},
-		{"oversize chunk", oversize, DefaultLimits, "batch: snapshot chunk: array of 65537 elements exceeds the limit of 65536"},
-		{"chunk header past the payload", []byte{0xdc, 0x01, 0x00, 0x92}, DefaultLimits, "batch: snapshot chunk: array of 256 elements in 1 remaining bytes"},
-		{"huge chunk header", []byte{0xdd, 0xff, 0xff, 0xff, 0xff}, DefaultLimits, "batch: snapshot chunk: array of 4294967295 elements exceeds the limit of 65536"},
+		{"hash nil", chunkOf(record(nilp, hashesOf(nilp))), defaultLimits, "event 0: snapshot block_hashes: [0]: expected int, got nil"},
+		{"oversize chunk", oversize, defaultLimits, "batch: snapshot chunk: array of 65537 elements exceeds the limit of 65536"},
+		{"chunk header past the payload", []byte{0xdc, 0x01, 0x00, 0x92}, defaultLimits, "batch: snapshot chunk: array of 256 elements in 1 remaining bytes"},
+		{"huge chunk header", []byte{0xdd, 0xff, 0xff, 0xff, 0xff}, defaultLimits, "batch: snapshot chunk: array of 4294967295 elements exceeds the limit of 65536"},
 		{"hashes over the limit", chunkOf(record(nilp, hashesOf(msgp.AppendInt(nil, 1), msgp.AppendInt(nil, 2), msgp.AppendInt(nil, 3)))),
-			Limits{MaxBlocks: 2}, "event 0: snapshot block_hashes: array of 3 elements exceeds the limit of 2"},
-		{"hashes header past the payload", chunkOf(append(msgp.AppendArrayHeader(nil, 2), 0xc0, 0xdc, 0x10, 0x00)), DefaultLimits,
+			decodeLimits{MaxBlocks: 2}, "event 0: snapshot block_hashes: array of 3 elements exceeds the limit of 2"},
+		{"hashes header past the payload", chunkOf(append(msgp.AppendArrayHeader(nil, 2), 0xc0, 0xdc, 0x10, 0x00)), defaultLimits,
 			"event 0: snapshot block_hashes: array of 4096 elements in 0 remaining bytes"},
-		{"truncated by one byte", valid[:len(valid)-1], DefaultLimits, "event 1: snapshot block_hashes: array of 2 elements in 1 remaining bytes"},
-		{"truncated before a record", valid[:1], DefaultLimits, "batch: snapshot chunk: array of 2 elements in 0 remaining bytes"},
-		{"truncated newer slot", chunkOf(record(nilp, one, []byte{0x92, 0x01})), DefaultLimits, "event 0: truncated payload"},
-		{"truncated in a hash", []byte{0x91, 0x92, 0xc0, 0x92, 0x01, 0xd3, 0x01, 0x02}, DefaultLimits,
+		{"truncated by one byte", valid[:len(valid)-1], defaultLimits, "event 1: snapshot block_hashes: array of 2 elements in 1 remaining bytes"},
+		{"truncated before a record", valid[:1], defaultLimits, "batch: snapshot chunk: array of 2 elements in 0 remaining bytes"},
+		{"truncated newer slot", chunkOf(record(nilp, one, []byte{0x92, 0x01})), defaultLimits, "event 0: truncated payload"},
+		{"truncated in a hash", []byte{0x91, 0x92, 0xc0, 0x92, 0x01, 0xd3, 0x01, 0x02}, defaultLimits,
 			"event 0: snapshot block_hashes: [1]: truncated payload"},
-		{"trailing garbage", append(append([]byte{}, valid...), 0x01), DefaultLimits, "batch: snapshot chunk: 1 trailing bytes after the chunk"},
+		{"trailing garbage", append(append([]byte{}, valid...), 0x01), defaultLimits, "batch: snapshot chunk: 1 trailing bytes after the chunk"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			d := NewDecoder()
-			d.Limits = tc.limits
+			d.lim = tc.limits
 			got, err := d.DecodeEngineSnapshotChunk(tc.payload, nil)
 			if err == nil {
 				t.Fatalf("no error; decoded %d records", len(got))
