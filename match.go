@@ -204,7 +204,7 @@ func (r *readPath) appendKind(ctx context.Context, shards *index.Shards, dst []M
 		// kind, and one whose entries may be stale (a batch dropped, its
 		// clear not yet queued).
 		if w, ok := names[sc.Worker]; ok && w.eagle() == eagle && !w.stale() {
-			dst = append(dst, Match{Worker: w.name, Blocks: sc.Blocks, Tiers: sc.Tiers, Score: sc.Weighted(r.weights),
+			dst = append(dst, Match{Worker: w.name, Blocks: sc.Blocks, Tiers: sc.Tiers, Score: sc.Weighted(index.Weights(r.weights)),
 				Partial: w.partial(), Eagle: eagle})
 		}
 	}

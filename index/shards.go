@@ -152,7 +152,7 @@ func (s *Shards) FindMatches(ctx context.Context, dst []Score, hashes []uint64) 
 	}
 	start := len(dst)
 	for _, sh := range s.shards {
-		dst = sh.ix.FindMatches(dst, hashes)
+		dst = sh.ix.findMatches(dst, hashes)
 	}
 	slices.SortFunc(dst[start:], func(a, b Score) int { return cmp.Compare(a.Worker, b.Worker) })
 	return dst, nil
@@ -221,10 +221,10 @@ func (sh *shard) apply(b *Batch) {
 	if b.Held != nil {
 		sh.count(b)
 	}
-	sh.nodes[TierDevice].Store(int64(ix.Nodes()))
+	sh.nodes[TierDevice].Store(int64(ix.nodes()))
 	if ix.lowerSet.Load() != 0 {
 		for t := TierHost; t < NumTiers; t++ {
-			sh.nodes[t].Store(int64(ix.TierNodes(t)))
+			sh.nodes[t].Store(int64(ix.tierNodes(t)))
 		}
 	}
 	sh.unknownRemoves.Store(int64(ix.unknownRemoves))
