@@ -33,7 +33,7 @@ type serveFlags struct {
 	tlsCert, tlsKey, snapshot               *string
 	natsURL, stream, prefix, bucket, object *string
 	blockSize, shards, maxTokens, maxBytes  *int
-	drain                                   *time.Duration
+	drain, snapshotEvery                    *time.Duration
 	verbose                                 *bool
 }
 
@@ -52,6 +52,7 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, bool) {
 	f.tlsCert = fs.String("tls-cert", "", "TLS certificate file (PEM); with --tls-key, serve over TLS")
 	f.tlsKey = fs.String("tls-key", "", "TLS private key file (PEM)")
 	f.snapshot = fs.String("snapshot", "", "file of the saved index and registrations: loaded at start, saved on SIGTERM")
+	f.snapshotEvery = fs.Duration("snapshot-every", time.Minute, "with --snapshot, also save it this often (0: only on SIGTERM)")
 	f.natsURL = fs.String("nats", "", "follow a kvpipe relay's JetStream stream on this NATS server (empty: none)")
 	f.stream = fs.String("stream", relay.DefaultStream, "with --nats, the relay's stream")
 	f.prefix = fs.String("prefix", relay.DefaultPrefix, "with --nats, the relay's subject prefix")
@@ -114,7 +115,7 @@ func serveCmd(ctx context.Context, args []string, stderr io.Writer) int {
 // serveConfig builds the server's config from the flags; closeSource
 // closes the NATS connection of a followed relay.
 func serveConfig(f *serveFlags, logger *slog.Logger) (serve.Config, func(), error) {
-	cfg := serve.Config{BlockSize: *f.blockSize, MaxTokens: *f.maxTokens, MaxMessageBytes: *f.maxBytes, Snapshot: *f.snapshot,
+	cfg := serve.Config{BlockSize: *f.blockSize, MaxTokens: *f.maxTokens, MaxMessageBytes: *f.maxBytes, Snapshot: *f.snapshot, SnapshotEvery: *f.snapshotEvery,
 		DrainTimeout: *f.drain, Registry: prometheus.NewRegistry(), Logger: logger, Token: os.Getenv("KVPIPE_TOKEN")}
 	for _, a := range f.allow {
 		cfg.Allow = append(cfg.Allow, strings.Split(a, ",")...)

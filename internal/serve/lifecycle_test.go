@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // When Run's ctx ends (SIGTERM in kvpipe serve), a call in flight is still
@@ -14,7 +15,7 @@ import (
 // again from them has the worker back and answers with its blocks.
 func TestDrainSavesAndRestarts(t *testing.T) {
 	snap := filepath.Join(t.TempDir(), "index.snap")
-	r := start(t, Config{Token: testToken, Allow: []string{"127.0.0.1"}, Snapshot: snap})
+	r := start(t, Config{Token: testToken, Allow: []string{"127.0.0.1"}, Snapshot: snap, SnapshotEvery: 20 * time.Millisecond})
 	// The engine's replay buffer is too short to hold the chain by the
 	// restart: only the snapshot can bring it back.
 	e := newEngineBuffer(t, "", 40)
@@ -23,6 +24,7 @@ func TestDrainSavesAndRestarts(t *testing.T) {
 	e.store(3, 6)
 	tokens := chainTokens(3, 6)
 	eventually(t, "the chain indexed", func() bool { return r.matchGRPC(tokens)["e0"] == 6 })
+	eventually(t, "a periodic snapshot", func() bool { _, err := os.Stat(snap); return err == nil })
 	for range 50 {
 		e.probe()
 	}

@@ -129,3 +129,26 @@ func (s *Server) saveState() error {
 	s.cfg.Logger.Info("serve: snapshot saved", "path", s.cfg.Snapshot)
 	return nil
 }
+
+// saveEvery saves the state every SnapshotEvery until ctx ends, so that a
+// crash loses at most that much (a failure is logged and tried again).
+func (s *Server) saveEvery(ctx context.Context) {
+	if s.cfg.Snapshot == "" || s.cfg.SnapshotEvery <= 0 {
+		return
+	}
+	t := time.NewTicker(s.cfg.SnapshotEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		sctx, cancel := context.WithTimeout(ctx, s.cfg.SnapshotEvery+30*time.Second)
+		err := s.cfg.Pipeline.SaveSnapshot(sctx, kvpipe.FileStore{Path: s.cfg.Snapshot})
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			s.cfg.Logger.Warn("serve: periodic snapshot not saved", "err", err)
+		}
+	}
+}

@@ -38,8 +38,10 @@ type Config struct {
 	MaxTokens, MaxMessageBytes int
 	// Snapshot is the file of the saved state (the index, and the
 	// registrations beside it in Snapshot+".workers"): loaded by Run,
-	// saved when it drains. Empty: none.
-	Snapshot string
+	// saved when it drains, and every SnapshotEvery meanwhile (0: only
+	// then). Empty: none.
+	Snapshot      string
+	SnapshotEvery time.Duration
 	// DrainTimeout bounds how long in-flight calls may take once Run's ctx
 	// ends (default 10s); Poll is how often the workers are sampled
 	// (default 250ms).
@@ -147,8 +149,11 @@ func (s *Server) Run(ctx context.Context, l net.Listener) error {
 	defer stopPipeline()
 	runErr := make(chan error, 1)
 	wg.Go(func() { runErr <- s.cfg.Pipeline.Run(pctx) })
+	// The monitor and the periodic saves stop before the last save.
+	var bg sync.WaitGroup
 	mctx, stopMonitor := context.WithCancel(context.WithoutCancel(ctx))
-	wg.Go(func() { s.svc.mon.run(mctx) })
+	bg.Go(func() { s.svc.mon.run(mctx) })
+	bg.Go(func() { s.saveEvery(mctx) })
 	srv := s.httpServer()
 	served := make(chan error, 1)
 	wg.Go(func() { served <- s.serve(srv, l) })
@@ -161,6 +166,7 @@ func (s *Server) Run(ctx context.Context, l net.Listener) error {
 	}
 	s.drain(srv)
 	stopMonitor()
+	bg.Wait()
 	if saveErr := s.saveState(); saveErr != nil && err == nil {
 		err = saveErr
 	}
