@@ -17,8 +17,10 @@ Each command prints its answer as JSON (one line per message for streams).
 A router imports this module and calls Client(...).match(tokens) instead.
 """
 import argparse
+import atexit
 import json
 import os
+import shutil
 import sys
 import tempfile
 
@@ -33,6 +35,7 @@ def load_stubs(proto_root=PROTO_ROOT):
     from grpc_tools import protoc
 
     out = tempfile.mkdtemp(prefix="kvpipe_stubs_")
+    atexit.register(shutil.rmtree, out, True)  # imported by then: nothing reads it again
     args = ["protoc", "-I" + proto_root, "--python_out=" + out, "--grpc_python_out=" + out,
             os.path.join(proto_root, "kvpipe", "v1", "index.proto")]
     if protoc.main(args) != 0:
