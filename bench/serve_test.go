@@ -30,9 +30,13 @@ import (
 // iteration, with nothing streaming in: the transport's own cost.
 func BenchmarkServe(b *testing.B) {
 	w := load(b)
-	for _, ingest := range []string{"trace", "paced", "idle"} {
+	ingests, rates := []string{"trace", "paced", "idle"}, []int{0, 5000}
+	if testing.Short() { // CI's once-over (-short -benchtime 1x): each transport, no ingest to wait for
+		ingests, rates = []string{"idle"}, []int{0}
+	}
+	for _, ingest := range ingests {
 		for _, via := range []string{"inprocess", "grpc", "json"} {
-			for _, rate := range []int{0, 5000} {
+			for _, rate := range rates {
 				if ingest == "paced" && rate > 0 {
 					continue // 30 s a run even at -benchtime 1x: flat out says enough
 				}
