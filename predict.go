@@ -1,0 +1,99 @@
+package kvpipe
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/predict"
+)
+
+const (
+	// defaultPredictionTTL is Config.PredictionTTL's: above the p99 of the
+	// event lag (queued prefill, then the prefill) that the replay example
+	// models on the Mooncake trace, with slack for a loaded engine.
+	defaultPredictionTTL  = 3 * time.Second
+	defaultApproximateTTL = 120 * time.Second // Config.ApproximateTTL's
+	defaultMaxPredictions = 1 << 17           // Config.MaxWorkerPredictions'
+	// sweepInterval is how often expired predictions are ended: none
+	// outlives its TTL by more than that.
+	sweepInterval = 100 * time.Millisecond
+)
+
+// PredictionStats are one worker's prediction counters (Pipeline.Routed).
+type PredictionStats struct {
+	Live      int64  // blocks predicted now
+	Confirmed uint64 // ended by the engine's store of the block: held now
+	Ended     uint64 // ended by a remove, a clear, a resync or the worker's removal
+	Expired   uint64 // ended by their TTL
+	Dropped   uint64 // evicted by the cap (the LRU of an approximate worker), or lost to a full queue
+}
+
+func (s *PredictionStats) add(o PredictionStats) {
+	s.Live += o.Live
+	s.Confirmed += o.Confirmed
+	s.Ended += o.Ended
+	s.Expired += o.Expired
+	s.Dropped += o.Dropped
+}
+
+func predictionStats(c *predict.Counts) PredictionStats {
+	return PredictionStats{Live: c.Live.Load(), Confirmed: c.Confirmed.Load(), Ended: c.Ended.Load(),
+		Expired: c.Expired.Load(), Dropped: c.Dropped.Load()}
+}
+
+// Routed tells the pipeline that the router sent a request to worker:
+// keys, the request's router keys (the ones the worker was matched with:
+// Hasher.RequestKeys, or EagleKeys for a worker keyed over EAGLE windows),
+// count as predicted there (Match.Predicted) until the engine's events
+// confirm or end them, or for PredictionTTL (ApproximateTTL for an
+// approximate worker). It never waits: the prediction is queued to the
+// worker's shard, and dropped (counted) when that queue is full. It
+// copies keys. Predictions are the router's own: not relayed, not in
+// snapshots. It returns ErrNoWorker for an unknown worker and
+// ErrNotRunning before Run; after Shutdown it does nothing.
+func (p *Pipeline) Routed(worker string, keys []uint64) error {
+	w := (*p.read.byName.Load())[worker]
+	switch {
+	case w == nil:
+		return fmt.Errorf("%w: %q", ErrNoWorker, worker)
+	case w.fed != nil:
+		return fmt.Errorf("kvpipe: worker %q is the Source's: its predictions would be another router's", worker)
+	}
+	ttl, limit := p.cfg.PredictionTTL, p.cfg.MaxWorkerPredictions
+	if w.approx {
+		ttl, limit = p.cfg.ApproximateTTL, w.cacheBlocks
+	}
+	shards := p.read.shards.Load()
+	switch {
+	case shards == nil:
+		return ErrNotRunning
+	case ttl < 0 || len(keys) == 0:
+		return nil
+	}
+	b := &index.Batch{Worker: w.id, Predict: &predict.Batch{Keys: slices.Clone(keys), Until: p.now().Add(ttl).UnixNano(),
+		Max: limit, Counts: &w.preds}}
+	if !shards.Predict(b) {
+		w.preds.Dropped.Add(uint64(len(keys)))
+	}
+	return nil
+}
+
+// sweep ends expired predictions every sweepInterval, as of now(), until
+// ctx ends.
+func sweep(ctx context.Context, shards *index.Shards, now func() time.Time) error {
+	t := time.NewTicker(sweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			if err := shards.Sweep(ctx, now()); err != nil && ctx.Err() == nil {
+				return err
+			}
+		}
+	}
+}
