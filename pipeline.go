@@ -182,7 +182,7 @@ func (p *Pipeline) begin(ctx context.Context) (*index.Shards, error) {
 			p.start(w)
 		}
 	}
-	p.group.Go(supervisor.Member{Name: "predictions", Run: func(ctx context.Context) error { return sweep(ctx, shards, p.now) }})
+	p.group.Go(supervisor.Member{Name: "predictions", Run: func(ctx context.Context) error { return sweep(ctx, shards, sweepInterval(&p.cfg), p.now) }})
 	if src := p.cfg.Source; src != nil {
 		f := &Feed{p: p}
 		p.group.Go(supervisor.Member{Name: "source", Run: func(ctx context.Context) error { return src.Run(ctx, f) }})

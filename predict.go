@@ -3,7 +3,6 @@ package kvpipe
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/kvpipe/kvpipe/index"
@@ -17,9 +16,10 @@ const (
 	defaultPredictionTTL  = 3 * time.Second
 	defaultApproximateTTL = 120 * time.Second // Config.ApproximateTTL's
 	defaultMaxPredictions = 1 << 17           // Config.MaxWorkerPredictions'
-	// sweepInterval is how often expired predictions are ended: none
-	// outlives its TTL by more than that.
-	sweepInterval = 100 * time.Millisecond
+	// maxSweepInterval bounds how often expired predictions are ended: a
+	// tenth of the shorter TTL, at most this and at least a millisecond.
+	// None outlives its TTL by more than that.
+	maxSweepInterval = 100 * time.Millisecond
 )
 
 // PredictionStats are one worker's prediction counters (Pipeline.Routed).
@@ -28,7 +28,7 @@ type PredictionStats struct {
 	Confirmed uint64 // ended by the engine's store of the block: held now
 	Ended     uint64 // ended by a remove, a clear, a resync or the worker's removal
 	Expired   uint64 // ended by their TTL
-	Dropped   uint64 // evicted by the cap (the LRU of an approximate worker), or lost to a full queue
+	Dropped   uint64 // evicted by the cap (the LRU of an approximate worker)
 }
 
 func (s *PredictionStats) add(o PredictionStats) {
@@ -49,9 +49,10 @@ func predictionStats(c *predict.Counts) PredictionStats {
 // Hasher.RequestKeys, or EagleKeys for a worker keyed over EAGLE windows),
 // count as predicted there (Match.Predicted) until the engine's events
 // confirm or end them, or for PredictionTTL (ApproximateTTL for an
-// approximate worker). It never waits: the prediction is queued to the
-// worker's shard, and dropped (counted) when that queue is full. It
-// copies keys. Predictions are the router's own: not relayed, not in
+// approximate worker). FindMatches sees them once it returns: a burst of
+// requests with one new prefix, routed before any event of the first
+// lands, finds the worker it went to. It waits for no shard, only for
+// another writer of the worker's shard's predictions. Predictions are the router's own: not relayed, not in
 // snapshots. It returns ErrNoWorker for an unknown worker and
 // ErrNotRunning before Run; after Shutdown it does nothing.
 func (p *Pipeline) Routed(worker string, keys []uint64) error {
@@ -73,18 +74,23 @@ func (p *Pipeline) Routed(worker string, keys []uint64) error {
 	case ttl < 0 || len(keys) == 0:
 		return nil
 	}
-	b := &index.Batch{Worker: w.id, Predict: &predict.Batch{Keys: slices.Clone(keys), Until: p.now().Add(ttl).UnixNano(),
-		Max: limit, Counts: &w.preds}}
-	if !shards.Predict(b) {
-		w.preds.Dropped.Add(uint64(len(keys)))
-	}
+	shards.Predict(w.id, &predict.Batch{Keys: keys, Until: p.now().Add(ttl).UnixNano(), Max: limit, Counts: &w.preds})
 	return nil
 }
 
-// sweep ends expired predictions every sweepInterval, as of now(), until
-// ctx ends.
-func sweep(ctx context.Context, shards *index.Shards, now func() time.Time) error {
-	t := time.NewTicker(sweepInterval)
+// sweepInterval is how often cfg's expired predictions are ended.
+func sweepInterval(cfg *Config) time.Duration {
+	ttl := cfg.ApproximateTTL
+	if cfg.PredictionTTL > 0 {
+		ttl = min(ttl, cfg.PredictionTTL)
+	}
+	return min(max(ttl/10, time.Millisecond), maxSweepInterval)
+}
+
+// sweep ends expired predictions every interval, as of now(), until ctx
+// ends.
+func sweep(ctx context.Context, shards *index.Shards, interval time.Duration, now func() time.Time) error {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {

@@ -2,17 +2,23 @@ package index
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/kvpipe/kvpipe/internal/predict"
 )
 
-// predictions are the predicted keys (Batch.Predict) of a shard's workers,
-// kept by the shard goroutine beside its index: the engines' ops confirm
-// or end them, a sweep expires them.
+// predictions are the predicted keys of a shard's workers, kept beside its
+// index: Shards.Predict adds them, the engines' ops (in the shard
+// goroutine) confirm or end them, a sweep expires them. Its writers take
+// mu, so that a router sees its prediction as soon as Predict returns (a
+// burst of requests routed within microseconds must see the first one's);
+// readers take nothing.
 type predictions struct {
-	sets map[WorkerID]*predict.Set // the writer's
+	mu   sync.Mutex
+	any  atomic.Bool               // sets is not empty: the shard takes mu only then
+	sets map[WorkerID]*predict.Set // guarded by mu
 	// list holds the workers with predictions, for readers; nil when
 	// none has any, so that a read costs one load then.
 	list atomic.Pointer[[]predicted]
@@ -25,6 +31,8 @@ type predicted struct {
 
 // add applies a prediction batch.
 func (p *predictions) add(w WorkerID, b *predict.Batch) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	s := p.sets[w]
 	if s == nil {
 		if p.sets == nil {
@@ -32,6 +40,7 @@ func (p *predictions) add(w WorkerID, b *predict.Batch) {
 		}
 		s = predict.NewSet(b.Counts)
 		p.sets[w] = s
+		p.any.Store(true)
 	}
 	had := s.Len() > 0
 	s.Add(b)
@@ -44,6 +53,11 @@ func (p *predictions) add(w WorkerID, b *predict.Batch) {
 // confirms one (the block is held now), a device remove, a clear or the
 // worker's removal ends them.
 func (p *predictions) observe(w WorkerID, ops []Op) {
+	if !p.any.Load() {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	s := p.sets[w]
 	if s == nil || s.Len() == 0 && ops[len(ops)-1].Kind != OpRemoveWorker {
 		return
@@ -64,7 +78,7 @@ func (p *predictions) observe(w WorkerID, ops []Op) {
 		}
 	}
 	if ops[len(ops)-1].Kind == OpRemoveWorker {
-		delete(p.sets, w)
+		p.remove(w)
 	}
 	if s.Len() == 0 {
 		p.publish()
@@ -73,10 +87,15 @@ func (p *predictions) observe(w WorkerID, ops []Op) {
 
 // sweep expires the predictions due by now.
 func (p *predictions) sweep(now int64) {
+	if !p.any.Load() {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	changed := false
 	for w, s := range p.sets {
 		if s.Len() == 0 {
-			delete(p.sets, w) // idle: a worker predicted again gets a new set
+			p.remove(w) // idle: a worker predicted again gets a new set
 			continue
 		}
 		if n := s.Expire(now); n > 0 {
@@ -87,6 +106,12 @@ func (p *predictions) sweep(now int64) {
 	if changed {
 		p.publish()
 	}
+}
+
+// remove forgets w's set; mu is held.
+func (p *predictions) remove(w WorkerID) {
+	delete(p.sets, w)
+	p.any.Store(len(p.sets) > 0)
 }
 
 // publish replaces the readers' list of workers with predictions.
@@ -129,18 +154,13 @@ func (p *predictions) match(dst []Score, from int, hashes []uint64) []Score {
 	return dst
 }
 
-// Predict queues a prediction batch (Batch.Predict set, no ops) for its
-// worker's shard without waiting, and reports false when the shard's
-// prediction queue is full (the batch is dropped). Unlike ops, predictions
-// may be sent at any time, also after Close (they are then dropped): they
-// have a queue of their own, which is never closed.
-func (s *Shards) Predict(b *Batch) bool {
-	select {
-	case s.shards[int(b.Worker)%len(s.shards)].predicted <- b:
-		return true
-	default:
-		return false
-	}
+// Predict adds a router's prediction of blocks worker w will hold (kvpipe's
+// Pipeline.Routed) beside w's shard: FindMatches sees it once Predict
+// returns. It may be called from any goroutine at any time, also after
+// Close; it waits only for another writer of the shard's predictions (a
+// Predict, or the shard settling predictions with a batch's ops).
+func (s *Shards) Predict(w WorkerID, b *predict.Batch) {
+	s.shards[int(w)%len(s.shards)].preds.add(w, b)
 }
 
 // Sweep ends, in every shard, the predictions due by now, and returns once

@@ -8,8 +8,8 @@ import (
 	"github.com/kvpipe/kvpipe/internal/predict"
 )
 
-func predictKeys(s *Shards, w WorkerID, c *predict.Counts, until int64, keys ...uint64) bool {
-	return s.Predict(&Batch{Worker: w, Predict: &predict.Batch{Keys: keys, Until: until, Max: 1000, Counts: c}})
+func predictKeys(s *Shards, w WorkerID, c *predict.Counts, until int64, keys ...uint64) {
+	s.Predict(w, &predict.Batch{Keys: keys, Until: until, Max: 1000, Counts: c})
 }
 
 // score returns worker w's Score for hashes, and whether it has one.
@@ -123,9 +123,7 @@ func BenchmarkShardsFindMatchesPredicted(b *testing.B) {
 			var c predict.Counts
 			if predicted {
 				for i, p := range prompts {
-					for !predictKeys(s, WorkerID(i%8), &c, 1<<62, p...) {
-						s.Sync(ctx)
-					}
+					predictKeys(s, WorkerID(i%8), &c, 1<<62, p...)
 				}
 				if err := s.Sync(ctx); err != nil {
 					b.Fatal(err)

@@ -7,8 +7,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-
-	"github.com/kvpipe/kvpipe/internal/predict"
 )
 
 // OpKind is what one Op does to a worker's blocks.
@@ -50,12 +48,9 @@ type Batch struct {
 	// (a store adds one, a remove of a block the worker holds takes one): the
 	// count of a worker whose ops are made elsewhere (a relay's follower),
 	// which may remove blocks it never stored here.
-	Held *[NumTiers]atomic.Int64
-	// Predict, on a batch of no ops sent with Shards.Predict, is a router's
-	// prediction of blocks the worker will hold (kvpipe's Pipeline.Routed).
-	Predict *predict.Batch
-	synced  chan<- struct{} // a Sync or Sweep marker, not ops
-	sweep   int64           // a Sweep marker's time, unix nanoseconds
+	Held   *[NumTiers]atomic.Int64
+	synced chan<- struct{} // a Sync or Sweep marker, not ops
+	sweep  int64           // a Sweep marker's time, unix nanoseconds
 }
 
 // ErrClosed is returned by a Shards that has been closed.
@@ -92,10 +87,9 @@ type Shards struct {
 }
 
 type shard struct {
-	in        chan *Batch
-	predicted chan *Batch // Predict's: never closed
-	ix        *writer
-	preds     predictions
+	in    chan *Batch
+	ix    *writer
+	preds predictions
 	// Read by metrics from any goroutine; written by the shard alone.
 	nodes          [NumTiers]atomic.Int64 // per tier
 	unknownRemoves atomic.Int64
@@ -107,7 +101,7 @@ func NewShards(n, depth int) *Shards { return newShards(n, depth, minCap) }
 func newShards(n, depth, capacity int) *Shards {
 	s := &Shards{}
 	for range max(n, 1) {
-		sh := &shard{in: make(chan *Batch, depth), predicted: make(chan *Batch, depth), ix: newWriter(capacity)}
+		sh := &shard{in: make(chan *Batch, depth), ix: newWriter(capacity)}
 		s.shards = append(s.shards, sh)
 		s.wg.Go(sh.run)
 	}
@@ -169,7 +163,7 @@ func (s *Shards) FindMatches(ctx context.Context, dst []Score, hashes []uint64) 
 }
 
 // Sync returns once every shard has applied every batch queued before the
-// call, predictions (Predict) included. Like a sender's, its calls must end before Close.
+// call. Like a sender's, its calls must end before Close.
 func (s *Shards) Sync(ctx context.Context) error { return s.mark(ctx, &Batch{}) }
 
 // mark queues a copy of marker in every shard and waits until each has
@@ -216,34 +210,13 @@ func (sh *shard) count(b *Batch) {
 }
 
 func (sh *shard) run() {
-	for {
-		select {
-		case b, ok := <-sh.in:
-			if !ok {
-				return
-			}
-			sh.apply(b)
-		case b := <-sh.predicted:
-			sh.preds.add(b.Worker, b.Predict)
-		}
-	}
-}
-
-// drainPredicted applies the predictions queued.
-func (sh *shard) drainPredicted() {
-	for {
-		select {
-		case b := <-sh.predicted:
-			sh.preds.add(b.Worker, b.Predict)
-		default:
-			return
-		}
+	for b := range sh.in {
+		sh.apply(b)
 	}
 }
 
 func (sh *shard) apply(b *Batch) {
 	if b.synced != nil {
-		sh.drainPredicted() // so that Sync covers the predictions sent before it too
 		if b.sweep != 0 {
 			sh.preds.sweep(b.sweep)
 		}
@@ -261,7 +234,7 @@ func (sh *shard) apply(b *Batch) {
 	if b.Held != nil {
 		sh.count(b)
 	}
-	if sh.preds.sets != nil && len(b.Ops) > 0 {
+	if len(b.Ops) > 0 {
 		sh.preds.observe(b.Worker, b.Ops)
 	}
 	sh.nodes[TierDevice].Store(int64(ix.Nodes()))

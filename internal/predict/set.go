@@ -9,10 +9,11 @@ type Counts struct {
 	Confirmed atomic.Uint64 // ended by a store of their block: it is held now
 	Ended     atomic.Uint64 // ended by a remove, a clear, a resync or the worker's removal
 	Expired   atomic.Uint64 // ended by their TTL
-	Dropped   atomic.Uint64 // evicted by the cap, or lost to a full queue
+	Dropped   atomic.Uint64 // evicted by the cap
 }
 
-// Batch is what a router predicts of one worker (index.Batch.Predict).
+// Batch is what a router predicts of one worker (index.Shards.Predict); the
+// Set keeps none of it but Counts.
 type Batch struct {
 	Keys  []uint64 // a prompt's keys, each chained from the one before
 	Until int64    // unix nanoseconds: the keys end then
@@ -77,7 +78,7 @@ type item struct {
 }
 
 // Set is one worker's predicted keys. Add, End, Clear and Expire are its
-// writer's (one goroutine); Run may be called from any goroutine at any
+// writer's (one at a time); Run may be called from any goroutine at any
 // time, without a lock.
 type Set struct {
 	cur   atomic.Pointer[table]
