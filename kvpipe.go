@@ -50,7 +50,7 @@ type Config struct {
 	MaxWorkerBlocks int
 	// PredictionTTL is how long the blocks of a request the router says it
 	// sent to a worker with events (Pipeline.Routed) count as predicted
-	// there, unless its events confirm or end them first (default 3s,
+	// there, unless its events confirm or end them first (default 10s,
 	// see defaultPredictionTTL; negative: such workers get no predictions).
 	PredictionTTL time.Duration
 	// ApproximateTTL is PredictionTTL for approximate workers, those with

@@ -15,10 +15,10 @@ import (
 	"github.com/kvpipe/kvpipe/internal/wiretest"
 )
 
-// The predictions' TTLs in trace time: kvpipe's defaults, unless
+// The predictions' TTLs in trace time: kvpipe's defaults (10s and 120s), unless
 // --prediction-ttl says otherwise.
 const (
-	defaultPredictionTTL = 3 * time.Second
+	defaultPredictionTTL = 10 * time.Second
 	approximateTTL       = 120 * time.Second
 )
 

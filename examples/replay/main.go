@@ -121,7 +121,7 @@ func main() {
 	flag.Float64Var(&o.failoverAt, "failover-at", 0.5, "with --nats: stop the leading relay at this fraction of the trace, for its standby to take over (0: no failover)")
 	flag.IntVar(&o.burst, "burst", 0, "burst mode: each request becomes N requests sharing its prompt as a new prefix, at once; compares routing with predictions, without, approximate-only and random (0: off)")
 	flag.Float64Var(&o.prefillRate, "prefill-rate", 20_000, "with --burst: tokens each engine prefills per second (an 8B model on one H100, roughly), which delays its events by its queued and own prefill")
-	flag.DurationVar(&o.ttl, "prediction-ttl", 0, "with --burst: PredictionTTL in trace time (0: kvpipe's default, 3s)")
+	flag.DurationVar(&o.ttl, "prediction-ttl", 0, "with --burst: PredictionTTL in trace time (0: kvpipe's default, 10s)")
 	flag.Float64Var(&o.loadWeight, "load-weight", 0, "weight of a worker's recent work against the blocks it lacks (0: 1, or 0.5 with --burst)")
 	flag.BoolVar(&o.nats, "nats", false, "replay through a relay into an in-process NATS JetStream server, with two router replicas following its stream, and check that their indexes agree")
 	flag.Parse()

@@ -94,6 +94,7 @@ func TestReplayBurst(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := out.String()
+	t.Log(s)
 	type routing struct{ dup, bursts, wrong, claimed int }
 	get := func(name string, predicted bool) routing {
 		pattern := name + `\s+hit rate [\d.]+% .*duplicated prefills (\d+) in (\d+) bursts`
