@@ -58,12 +58,9 @@ func predictionStats(c *predict.Counts) PredictionStats {
 // snapshots. It returns ErrNoWorker for an unknown worker and
 // ErrNotRunning before Run; after Shutdown it does nothing.
 func (p *Pipeline) Routed(worker string, keys []uint64) error {
-	w := (*p.read.byName.Load())[worker]
-	switch {
-	case w == nil:
+	w := (*p.read.byName.Load())[worker] // a Source's too: its ops settle them as an engine's do
+	if w == nil {
 		return fmt.Errorf("%w: %q", ErrNoWorker, worker)
-	case w.fed != nil:
-		return fmt.Errorf("kvpipe: worker %q is the Source's: its predictions would be another router's", worker)
 	}
 	ttl, limit := p.cfg.PredictionTTL, p.cfg.MaxWorkerPredictions
 	if w.approx {

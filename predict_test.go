@@ -5,10 +5,12 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/index"
 )
 
 // clock is a settable clock for the predictions' TTLs.
@@ -277,4 +279,37 @@ func TestRoutedErrorsAndOff(t *testing.T) {
 // clearBatch is an engine's AllBlocksCleared.
 func clearBatch() []byte {
 	return codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{{Type: codec.AllBlocksCleared}}}, codec.CurrentVLLM)
+}
+
+// A Source's workers take predictions too, which the fed ops settle as an
+// engine's events do; a Tap (a relay) sees none of them.
+func TestPredictionsOfSourceWorkersStayLocal(t *testing.T) {
+	src := source{ops: make(chan fedOps)}
+	var tapped atomic.Int64
+	tap := tapFuncs{ops: func(_ context.Context, _ string, ops []index.Op, _ Origin) uint64 { tapped.Add(int64(len(ops))); return 0 }}
+	c := &clock{t: time.Unix(1000, 0)}
+	p := predictingPipeline(t, Config{Source: src, Tap: tap}, c)
+	tokens := prompt(1, 3)
+	keys := keysOf(tokens)
+	if err := src.apply(t, "remote", false, index.Op{Kind: index.OpStore, Hash: 77}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Routed("remote", keys); err != nil {
+		t.Fatal(err)
+	}
+	if got := predicted(t, p, tokens); got["remote"] != [2]int{0, 3} {
+		t.Fatalf("source worker predicted: %v, want 3 predicted", got)
+	}
+	if err := src.apply(t, "remote", false, index.Op{Kind: index.OpStore, Hash: keys[0]}); err != nil {
+		t.Fatal(err)
+	}
+	if got := predicted(t, p, tokens); got["remote"] != [2]int{1, 3} {
+		t.Fatalf("after a fed store: %v, want 1 held, 3 predicted", got)
+	}
+	if ws, _ := p.Stats().Worker("remote"); ws.Predictions.Confirmed != 1 || ws.Predictions.Live != 2 {
+		t.Errorf("source worker: %+v, want 1 confirmed, 2 live", ws.Predictions)
+	}
+	if n := tapped.Load(); n != 0 {
+		t.Errorf("the Tap saw %d ops: a Source's workers' and predictions are not tapped", n)
+	}
 }

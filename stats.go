@@ -62,7 +62,7 @@ func (p *Pipeline) Stats() Stats {
 	for _, w := range *p.read.list.Load() {
 		switch {
 		case w.fed != nil:
-			st.Workers = append(st.Workers, WorkerStats{Name: w.name, Actor: w.fed.stats()})
+			st.Workers = append(st.Workers, WorkerStats{Name: w.name, Actor: w.fed.stats(), Predictions: predictionStats(&w.preds)})
 			continue
 		case w.approx:
 			st.Workers = append(st.Workers, WorkerStats{Name: w.name, Approximate: true, Predictions: predictionStats(&w.preds),
