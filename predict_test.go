@@ -286,7 +286,10 @@ func clearBatch() []byte {
 func TestPredictionsOfSourceWorkersStayLocal(t *testing.T) {
 	src := source{ops: make(chan fedOps)}
 	var tapped atomic.Int64
-	tap := tapFuncs{ops: func(_ context.Context, _ string, ops []index.Op, _ Origin) uint64 { tapped.Add(int64(len(ops))); return 0 }}
+	tap := tapFuncs{ops: func(_ context.Context, _ string, ops []index.Op, _ Origin) uint64 {
+		tapped.Add(int64(len(ops)))
+		return 0
+	}}
 	c := &clock{t: time.Unix(1000, 0)}
 	p := predictingPipeline(t, Config{Source: src, Tap: tap}, c)
 	tokens := prompt(1, 3)
