@@ -135,8 +135,10 @@ func (s *Shards) TierNodes(i int, t Tier) int64 {
 func (s *Shards) UnknownRemoves(i int) int64 { return s.shards[i].unknownRemoves.Load() }
 
 // FindMatches appends to dst the score of every worker holding at least
-// hashes[0] in some tier, sorted by Worker, as of what the shards have applied (see
-// Shards for how a batch being applied meanwhile shows). It allocates
+// hashes[0] in some tier, or predicted to (Predict), sorted by Worker, as
+// of what the shards have applied (see Shards for how a batch being
+// applied meanwhile shows). A worker's predictions are read after its
+// held blocks, key by key from the first it does not hold on device. It allocates
 // nothing when dst has room for the scores. ctx is only checked on entry:
 // the call does not block.
 //
