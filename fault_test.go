@@ -459,7 +459,10 @@ func (w *faultWorld) delivery(jumps bool) {
 func faultWire() wire.Options {
 	return wire.Options{
 		ReconnectMin: 10 * time.Millisecond, ReconnectMax: 200 * time.Millisecond,
-		ReplayTimeout: 500 * time.Millisecond, ReplayPatience: 30 * time.Second,
+		// ReplayTimeout bounds the wait for each reply: 2 s, as a loaded
+		// 2-core machine under -race can stall a big replay past 500 ms
+		// (RestartMidReplay counted 23 failures for 69 batches replayed).
+		ReplayTimeout: 2 * time.Second, ReplayPatience: 30 * time.Second,
 		TailCheck: 200 * time.Millisecond, IdleTimeout: 2 * time.Second,
 		HandshakeTimeout: time.Second,
 	}
@@ -1124,8 +1127,15 @@ func faultRestartReplayUnreachable(t *testing.T, mode faultParams) {
 		}
 		return w.prompts(e, func(got, want int) bool { return got <= want })
 	}
+	fresh := uint64(0)
 	took := w.converge("sound after the resync", mode.converge, func() error {
 		if st := w.stats(e); st.Wire.Batches == 0 || st.Actor.IndexedBlocks == 0 {
+			// The batches lost before the SUB came back may hold the
+			// parents of every block the trace stores next (unknown
+			// parents, rightly left out): a request of new roots gives
+			// the worker something it can prove, however many were lost.
+			fresh++
+			e.serveFresh(fresh, 4)
 			return errors.New("nothing indexed yet")
 		}
 		return sound()

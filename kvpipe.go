@@ -166,4 +166,18 @@ type Tap interface {
 }
 
 // Origin says where a batch of ops given to a Tap came from.
-type Origin = actor.Origin
+type Origin struct {
+	// Batch: the ops come from the engine batch Seq, whose payload has
+	// Fingerprint; Part counts the batches of ops it made (0 first). Else
+	// they come from a reset, a recovery, an engine's snapshot or a start
+	// afresh. (What an imported snapshot puts back is not tapped: the
+	// Tap had it when it was made.)
+	Batch       bool
+	Seq         uint64
+	Fingerprint uint64
+	Part        int
+	Partial     bool // the worker's Partial once the ops are applied
+	// Whole: the ops are a part of the worker's whole state, a clear first,
+	// as Republish makes it.
+	Whole bool
+}

@@ -138,6 +138,7 @@ func (w *worker) capture(ctx context.Context, tap Tap, ws *snapshot.Worker) (boo
 	var flushErr error
 	err := w.sub.Checkpoint(wctx, func(pos wire.Position) {
 		w.actor.Load().Export(ws)
+		ws.StreamSeq = w.tap.streamSeq
 		ws.Name = append(ws.Name[:0], w.name...)
 		ws.HasSeq, ws.Seq, ws.Fingerprint = pos.Known, pos.Seq, pos.Fingerprint
 		if tap != nil {
@@ -160,7 +161,7 @@ func (w *worker) capture(ctx context.Context, tap Tap, ws *snapshot.Worker) (boo
 
 // Republish makes p's worker name hand the Tap its whole state again, from
 // its own goroutine: a clear, then a store of every block it is indexed
-// in, in parts of a shard batch's size (actor.Republish). A relay whose
+// in, in parts of a shard batch's size. A relay whose
 // stream holds a worker's messages out of order starts a true copy again
 // from there, and the worker stays whole. It returns once the parts are
 // tapped, or with ctx's error. (A function, not a method: the relay's
@@ -190,7 +191,7 @@ func Republish(ctx context.Context, p *Pipeline, name string) error {
 	var scratch snapshot.Worker
 	done := false
 	err := w.sub.Checkpoint(wctx, func(wire.Position) {
-		w.actor.Load().Republish(&scratch)
+		w.tap.republish(&scratch)
 		done = true
 	})
 	if err == nil && !done {

@@ -30,7 +30,8 @@ type worker struct {
 	// when it stops, done is closed once its goroutine has returned.
 	ctx      context.Context
 	done     <-chan struct{}
-	eagleCfg bool // WorkerConfig.Eagle: the mode until its actor runs
+	eagleCfg bool   // WorkerConfig.Eagle: the mode until its actor runs
+	tap      tapped // in its goroutine only
 	// approx: no Endpoint, so no subscriber, actor nor goroutine: only
 	// predictions, an LRU of cacheBlocks.
 	approx      bool
@@ -198,8 +199,11 @@ func (p *Pipeline) start(w *worker) {
 				w.prepare(ctx, &p.cfg, p.read.shards.Load().Queue(w.id), from)
 			}
 			var h wire.Handler = w.actor.Load()
+			if w.tap.tap != nil {
+				h = tappedHandler{h, &w.tap}
+			}
 			if p.cfg.Observe != nil {
-				h = observed{w.actor.Load(), w.name, p.cfg.Observe}
+				h = observed{h, w.name, p.cfg.Observe}
 			}
 			if p.wrap != nil {
 				h = p.wrap(h)
@@ -224,14 +228,17 @@ func (w *worker) prepare(ctx context.Context, cfg *Config, shard chan<- *index.B
 	ac := actor.Config{Worker: w.id, Name: w.name, BlockSize: cfg.BlockSize,
 		Shard: shard, Backpressure: actor.Backpressure(cfg.Backpressure), Weights: cfg.TierWeights, MaxBlocks: cfg.MaxWorkerBlocks,
 		Done: ctx.Done(), Logger: cfg.Logger, Eagle: w.eagleCfg}
-	if tap := cfg.Tap; tap != nil {
-		ac.Publish = func(ops []index.Op, o actor.Origin) uint64 { return tap.Ops(ctx, w.name, ops, o) }
+	w.tap = tapped{tap: cfg.Tap, ctx: ctx, name: w.name}
+	if cfg.Tap != nil {
+		ac.Tap = w.tap.ops
 	}
 	a := actor.New(ac)
+	w.tap.a = a
 	w.actor.Store(a)
 	switch {
 	case from != nil && from.HasSeq:
 		a.Import(from)
+		w.tap.streamSeq = from.StreamSeq
 		w.sub.Resume(from.Seq, from.Fingerprint)
 	case cfg.Tap != nil:
 		// What the stream held of it is not this worker's: the Tap's first
@@ -242,12 +249,12 @@ func (w *worker) prepare(ctx context.Context, cfg *Config, shard chan<- *index.B
 
 // observed shows every batch to Config.Observe before the actor has it.
 type observed struct {
-	*actor.Actor
+	wire.Handler
 	worker  string
 	observe func(string, uint64, []byte)
 }
 
 func (o observed) HandleBatch(seq uint64, payload []byte) {
 	o.observe(o.worker, seq, payload)
-	o.Actor.HandleBatch(seq, payload)
+	o.Handler.HandleBatch(seq, payload)
 }

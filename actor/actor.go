@@ -50,11 +50,11 @@ type Config struct {
 	// is stopping, and its entries go with it.
 	Done   <-chan struct{}
 	Logger *slog.Logger
-	// Publish, when set, sees every batch of ops before the shard does, in
-	// the actor's goroutine, and returns the position it reached (a relay's
-	// stream sequence), which the actor keeps for its snapshot. The ops are
-	// only valid during the call.
-	Publish func(ops []index.Op, o Origin) uint64
+	// Tap, when set, sees every batch of ops before the shard does, in the
+	// actor's goroutine (the ops are only valid during the call), but for
+	// those that put an imported snapshot's blocks back: a tap mirroring
+	// the worker's history had them when they were first made.
+	Tap func(ops []index.Op)
 	// Eagle: the engine runs EAGLE-family speculative decoding (SGLang's
 	// bigram keys), known before its first event. Without it the mode is
 	// learned from the events (Stats.Eagle); either way events decide.
@@ -66,23 +66,6 @@ type Config struct {
 // of an 8B model's KV cache, a host tier of 2 TB some 16 M, so no real
 // engine comes near it.
 const DefaultMaxBlocks = 1 << 22
-
-// Origin says where a batch of ops came from, for Config.Publish.
-type Origin struct {
-	// Batch: the ops come from the engine batch Seq, whose payload has
-	// Fingerprint; Part counts the batches of ops it made (0 first). Else
-	// they come from a reset, a recovery, an engine's snapshot or a start
-	// afresh. (What an imported snapshot puts back is not published: the
-	// stream has it.)
-	Batch       bool
-	Seq         uint64
-	Fingerprint uint64
-	Part        int
-	Partial     bool // the worker's Stats().Partial once the ops are applied
-	// Whole: the ops are a part of the worker's whole state, a clear first,
-	// as Republish makes it.
-	Whole bool
-}
 
 // Actor normalises one worker's events into index ops: it decodes each
 // batch, filters what a prefix index must not hold (each drop counted by
@@ -101,8 +84,8 @@ type Actor struct {
 	fresh   bool        // no batch since the start or the last reset
 	stale   atomic.Bool // the outbox owes the index a clear (Stale)
 
-	snapBlocks []codec.SnapshotBlock // reused across chunks
-	snapWhole  bool                  // the engine snapshot being applied mapped every block so far
+	snapBlocks []codec.EngineSnapshotBlock // reused across chunks
+	snapWhole  bool                        // the engine snapshot being applied mapped every block so far
 
 	// pending: an imported snapshot waits for its position to be proven
 	// before its blocks (block.restored) go into the index, with
@@ -161,12 +144,7 @@ func (a *Actor) HandleIdle() bool { return a.out.settle() }
 // the resulting ops to the shard.
 func (a *Actor) HandleBatch(seq uint64, payload []byte) {
 	a.stats.Batches.Add(1)
-	a.out.origin = Origin{Batch: true, Seq: seq}
-	if a.cfg.Publish != nil {
-		a.out.origin.Fingerprint = wire.Fingerprint(payload)
-	}
-	defer func() { a.out.origin = Origin{} }() // what follows is of no engine batch, until the next one
-	if a.pending {                             // a batch after a resume: its position was proven
+	if a.pending { // a batch after a resume: its position was proven
 		a.activate()
 	}
 	if a.fresh {
@@ -239,7 +217,7 @@ func (a *Actor) HandleEngineSnapshotBegin() {
 // index, under the keys learned from their BlockStored events.
 func (a *Actor) HandleEngineSnapshot(chunk []byte) {
 	var err error
-	if a.snapBlocks, err = a.decoder.DecodeSnapshotChunk(chunk, a.snapBlocks); err != nil {
+	if a.snapBlocks, err = a.decoder.DecodeEngineSnapshotChunk(chunk, a.snapBlocks); err != nil {
 		a.stats.DecodeErrors.Add(1)
 		a.snapWhole = false
 		a.warn.Warn("snapshot chunk dropped: bad payload", "err", err, "worker", a.cfg.Name)

@@ -35,11 +35,11 @@ func (g *groups) filter(e *codec.Event) (Reason, bool) {
 }
 
 func (g *groups) mediumOK(medium string) (Reason, bool) {
-	t := codec.MediumTier(medium)
-	if t == codec.TierUnknown {
+	t, ok := mediumTier(medium)
+	if !ok {
 		return UnknownMedium, false
 	}
-	if g.weights[tierOf(medium)] == 0 {
+	if g.weights[t] == 0 {
 		return LowerTier, false
 	}
 	return 0, true
@@ -47,13 +47,37 @@ func (g *groups) mediumOK(medium string) (Reason, bool) {
 
 // tierOf maps a medium that mediumOK passed to its index tier.
 func tierOf(medium string) index.Tier {
-	switch codec.MediumTier(medium) {
-	case codec.TierHost:
-		return index.TierHost
-	case codec.TierDisk:
-		return index.TierDisk
-	case codec.TierRemote:
-		return index.TierRemote
+	t, _ := mediumTier(medium)
+	return t
+}
+
+// media is every medium the engines are known to publish, with its tier
+// (docs/FORMAT.md §8.5). vLLM: "GPU" (and nil before mediums existed),
+// "CPU" from its offloading connector, storage tiers from offload
+// backends. SGLang: "GPU", "CPU_PINNED" (host cache), "DISK" and
+// "EXTERNAL" (a shared / remote pool, e.g. Mooncake store or 3FS).
+var media = [...]struct {
+	name string
+	tier index.Tier
+}{
+	{"", index.TierDevice}, // no medium field, or nil: older engines publish device blocks only
+	{"GPU", index.TierDevice},
+	{"CPU", index.TierHost},
+	{"CPU_PINNED", index.TierHost},
+	{"DISK", index.TierDisk},
+	{"NVME", index.TierDisk},
+	{"STORAGE", index.TierDisk},
+	{"EXTERNAL", index.TierRemote},
+	{"REMOTE", index.TierRemote},
+}
+
+// mediumTier maps a medium string to its tier; ok is false for a medium
+// kvpipe does not know.
+func mediumTier(medium string) (t index.Tier, ok bool) {
+	for _, m := range media {
+		if m.name == medium {
+			return m.tier, true
+		}
 	}
-	return index.TierDevice
+	return index.TierDevice, false
 }

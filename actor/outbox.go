@@ -28,9 +28,7 @@ type outbox struct {
 	// dropped is told of a batch dropped: the mapping's next generation.
 	dropped func()
 
-	origin    Origin // of the ops being made, for Config.Publish
-	streamSeq uint64 // what Config.Publish last returned
-	restoring bool   // Import: its ops are not published
+	restoring bool // putting an imported snapshot's blocks back: not tapped
 }
 
 // room flushes the batch being filled unless it has room for n more ops.
@@ -92,10 +90,8 @@ func (o *outbox) flush() {
 		copy(b.Ops[1:], b.Ops)
 		b.Ops[0] = index.Op{Kind: index.OpClearWorker}
 	}
-	if o.cfg.Publish != nil && !o.restoring {
-		o.origin.Partial = o.stats.Partial.Load()
-		o.streamSeq = o.cfg.Publish(b.Ops, o.origin)
-		o.origin.Part++
+	if o.cfg.Tap != nil && !o.restoring {
+		o.cfg.Tap(b.Ops)
 	}
 	select { // a shard with room takes the batch, even from a stopping worker
 	case o.cfg.Shard <- b:

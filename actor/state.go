@@ -6,7 +6,7 @@ import (
 )
 
 // Export writes the actor's state into w (all but its name and stream
-// position, which are the caller's), reusing w's slices: the block mapping
+// positions, which are the caller's), reusing w's slices: the block mapping
 // with the tiers each block is indexed in, the learned groups and the
 // full-block history. An imported snapshot not yet proven is exported as it
 // was imported. Call it in the actor's goroutine.
@@ -18,7 +18,6 @@ func (a *Actor) Export(w *snapshot.Worker) {
 	w.FullSeen = a.m.fullSeen
 	w.SplitK = a.m.splitK
 	w.UsedTiers = a.m.usedTiers
-	w.StreamSeq = a.out.streamSeq
 	w.GroupIdx, w.GroupMain = w.GroupIdx[:0], w.GroupMain[:0]
 	for g, main := range a.groups.main {
 		w.GroupIdx = append(w.GroupIdx, int64(g))
@@ -54,15 +53,14 @@ func (a *Actor) Export(w *snapshot.Worker) {
 // as a reset does. Until then the worker is partial. Call it in the actor's
 // goroutine; what it held before goes.
 func (a *Actor) Import(w *snapshot.Worker) {
-	// The entries rebuilt from it are the snapshot's, already in the stream
-	// a Publish feeds: they go to the shard only.
+	// The entries rebuilt from it are the snapshot's, which a Tap had when
+	// they were made: they go to the shard only.
 	a.out.restoring = true
 	defer func() { a.out.restoring = false }()
 	a.m.clear()
 	a.fresh = false // the stream goes on from the snapshot's seq
 	a.m.fullSeen = w.FullSeen
 	a.m.usedTiers = w.UsedTiers & (1<<index.NumTiers - 1)
-	a.out.streamSeq = w.StreamSeq
 	clear(a.groups.main)
 	for i, g := range w.GroupIdx {
 		a.groups.main[int(g)] = w.GroupMain[i]
@@ -91,28 +89,6 @@ func (a *Actor) Import(w *snapshot.Worker) {
 	a.out.flush()
 }
 
-// Republish hands Publish the worker's whole state, and nothing to the
-// shard, which has it: a clear, then a store of every block in each tier it
-// is indexed in, in parts of a shard batch's size, partial until the last.
-// A publisher that lost its place in its stream starts a true copy from it
-// again. scratch is reused for the state and returned. Call it in the
-// actor's goroutine.
-func (a *Actor) Republish(scratch *snapshot.Worker) {
-	if a.cfg.Publish == nil {
-		return
-	}
-	a.out.flush() // what is made so far goes first
-	a.Export(scratch)
-	ops := make([]index.Op, 1, 1+scratch.OpCount()) // rare: not worth a buffer kept
-	ops[0] = index.Op{Kind: index.OpClearWorker}
-	for ops := scratch.AppendOps(ops); len(ops) > 0; {
-		n := min(len(ops), maxOps)
-		o := Origin{Whole: true, Partial: scratch.Partial || n < len(ops)}
-		a.out.streamSeq = a.cfg.Publish(ops[:n], o)
-		ops = ops[n:]
-	}
-}
-
 // HandleResumed puts an imported snapshot's blocks into the index: the
 // Subscriber has proven its position.
 func (a *Actor) HandleResumed() {
@@ -127,7 +103,7 @@ func (a *Actor) HandleResumed() {
 func (a *Actor) activate() {
 	a.pending = false
 	a.stats.Partial.Store(a.pendingPartial)
-	a.out.restoring = true // already in the stream a Publish feeds
+	a.out.restoring = true // a Tap had them when they were made
 	defer func() { a.out.restoring = false }()
 	for h, b := range a.m.routerOf {
 		tiers := b.restored

@@ -212,7 +212,7 @@ func TestImportRebuildsTheIndexedBlocksOnly(t *testing.T) {
 
 	published := 0
 	ch := make(chan *index.Batch, 16)
-	b := roundTrip(t, h.a, Config{Worker: 1, BlockSize: 16, Shard: ch, Publish: func([]index.Op, Origin) uint64 { published++; return 0 }}, false)
+	b := roundTrip(t, h.a, Config{Worker: 1, BlockSize: 16, Shard: ch, Tap: func([]index.Op) { published++ }}, false)
 	r := &harness{t: t, a: b, shard: ch}
 	r.collect()
 	if d := gocmp.Diff([]op{{index.OpClearWorker, 0, 0}}, r.took(), gocmp.AllowUnexported(op{})); d != "" {
@@ -266,134 +266,25 @@ func TestImportRebuildsTheIndexedBlocksOnly(t *testing.T) {
 	}
 }
 
-// Publish sees every batch of ops with where it came from, and what it
-// returns is the worker's stream position in its snapshot.
-func TestPublishSeesEachBatchsOrigin(t *testing.T) {
-	var got []Origin
+// The Tap sees every batch of ops before the shard, in shard-sized parts,
+// those of a reset too.
+func TestTapSeesEveryBatch(t *testing.T) {
 	var sizes []int
 	ch := make(chan *index.Batch, 16)
-	a := New(Config{Worker: 1, BlockSize: 16, Shard: ch, Publish: func(ops []index.Op, o Origin) uint64 {
-		got = append(got, o)
-		sizes = append(sizes, len(ops))
-		return uint64(100 + len(got))
-	}})
+	a := New(Config{Worker: 1, BlockSize: 16, Shard: ch, Tap: func(ops []index.Op) { sizes = append(sizes, len(ops)) }})
 	h := &harness{t: t, a: a, shard: ch}
 	big := codec.Event{Type: codec.BlockStored, BlockHashes: make([]uint64, 300), TokenIDs: tokens(4, 300, 16), BlockSize: 16}
 	for i := range big.BlockHashes {
 		big.BlockHashes[i] = uint64(i + 1)
 	}
-	payload := codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{big}}, codec.CurrentVLLM)
-	a.HandleBatch(7, payload)
+	a.HandleBatch(7, codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{big}}, codec.CurrentVLLM))
 	h.collect()
 	a.HandleReset(wire.ResetRestart)
 	h.collect()
-	fp := wire.Fingerprint(payload)
-	want := []Origin{
-		{Batch: true, Seq: 7, Fingerprint: fp, Part: 0, Partial: true},
-		{Batch: true, Seq: 7, Fingerprint: fp, Part: 1, Partial: true},
-		{Partial: true},
-	}
-	if d := gocmp.Diff(want, got); d != "" {
-		t.Fatalf("origins (-want +got):\n%s", d)
-	}
 	if d := gocmp.Diff([]int{maxOps, 300 - maxOps, 1}, sizes); d != "" {
 		t.Errorf("ops per batch (-want +got):\n%s", d)
 	}
-	var w snapshot.Worker
-	a.Export(&w)
-	if w.StreamSeq != 103 {
-		t.Errorf("stream seq in the export = %d, want 103, what Publish last returned", w.StreamSeq)
+	if got := len(h.ops); got != 301 {
+		t.Errorf("the shard got %d ops, want the 301 the Tap saw", got)
 	}
-}
-
-// Republish hands Publish, and not the shard, a clear and then every block
-// the worker holds in each tier: applied from nothing, the stream's copy
-// is again what the shard holds. Parts are partial until the last, which
-// carries the worker's own flag.
-func TestRepublishHandsPublishTheWholeState(t *testing.T) {
-	for _, partial := range []bool{false, true} {
-		type part struct {
-			ops []index.Op
-			o   Origin
-		}
-		var published []part
-		ch := make(chan *index.Batch, 1024)
-		a := New(Config{Worker: 1, BlockSize: 16, Shard: ch, Publish: func(ops []index.Op, o Origin) uint64 {
-			published = append(published, part{slices.Clone(ops), o})
-			return uint64(len(published))
-		}})
-		h := &harness{t: t, a: a, shard: ch}
-		e := sim.NewEngine(32, 80, sim.WithCPUOffload(60), sim.WithLoRA()) // split blocks, two tiers, evictions
-		reqs := sim.SyntheticTrace(120, 5)
-		var evs []codec.Event
-		for i := range reqs {
-			if partial && i == 60 {
-				a.HandleReset(wire.ResetGapLost) // what the engine held then is unknown: partial
-			}
-			evs, _ = e.ServeResult(evs[:0], &reqs[i], sim.InputTokens(nil, &reqs[i]))
-			if len(evs) > 0 {
-				a.HandleBatch(uint64(i), codec.AppendBatch(nil, &codec.Batch{Events: evs}, codec.CurrentVLLM))
-			}
-			h.collect()
-		}
-		held := apply(nil, h.ops)
-		published = published[:0]
-
-		var scratch snapshot.Worker
-		a.Republish(&scratch)
-		if len(ch) != 0 {
-			t.Fatalf("partial first %v: the shard got %d batches from Republish, want none", partial, len(ch))
-		}
-		if len(published) < 2 || published[0].ops[0].Kind != index.OpClearWorker {
-			t.Fatalf("partial first %v: %d parts, want a clear first and more than one part", partial, len(published))
-		}
-		var all []index.Op
-		for i, p := range published {
-			last := i == len(published)-1
-			if len(p.ops) > maxOps || !p.o.Whole || p.o.Batch || p.o.Partial != (!last || a.Stats().Partial) {
-				t.Errorf("partial first %v: part %d of %d: %d ops, origin %+v; want at most %d ops, Whole, partial until the last, then %v",
-					partial, i, len(published), len(p.ops), p.o, maxOps, a.Stats().Partial)
-			}
-			all = append(all, p.ops...)
-		}
-		if a.Stats().Partial != partial {
-			t.Errorf("worker partial %v, want %v", a.Stats().Partial, partial)
-		}
-		if d := gocmp.Diff(held, apply(map[index.Tier]map[uint64]int{index.TierDevice: {99: 1}}, all)); d != "" {
-			t.Errorf("partial first %v: the republished state differs from the shard's (-shard +republished):\n%s", partial, d)
-		}
-		var w snapshot.Worker
-		a.Export(&w)
-		if w.StreamSeq != uint64(len(published)) {
-			t.Errorf("stream seq %d after Republish, want %d: what Publish last returned", w.StreamSeq, len(published))
-		}
-	}
-}
-
-// apply applies ops to per-tier key counts, as a shard would for one worker.
-func apply(held map[index.Tier]map[uint64]int, ops []index.Op) map[index.Tier]map[uint64]int {
-	if held == nil {
-		held = map[index.Tier]map[uint64]int{}
-	}
-	for _, op := range ops {
-		switch op.Kind {
-		case index.OpClearWorker:
-			clear(held)
-		case index.OpStore:
-			if held[op.Tier] == nil {
-				held[op.Tier] = map[uint64]int{}
-			}
-			held[op.Tier][op.Hash]++
-		case index.OpRemove:
-			if held[op.Tier][op.Hash]--; held[op.Tier][op.Hash] <= 0 {
-				delete(held[op.Tier], op.Hash)
-			}
-		}
-	}
-	for t, keys := range held {
-		if len(keys) == 0 {
-			delete(held, t)
-		}
-	}
-	return held
 }

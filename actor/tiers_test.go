@@ -230,3 +230,19 @@ func TestSplitBlocksWithExtraKeysNeverMatchWrongly(t *testing.T) {
 		}
 	}
 }
+
+func TestMediumTier(t *testing.T) {
+	const unknown = index.NumTiers
+	tiers := map[string]index.Tier{"": index.TierDevice, "GPU": index.TierDevice, "CPU": index.TierHost, "CPU_PINNED": index.TierHost,
+		"DISK": index.TierDisk, "NVME": index.TierDisk, "STORAGE": index.TierDisk, "EXTERNAL": index.TierRemote, "REMOTE": index.TierRemote,
+		"TAPE": unknown, "gpu": unknown}
+	for m, want := range tiers {
+		got, ok := mediumTier(m)
+		if !ok {
+			got = unknown
+		}
+		if got != want {
+			t.Errorf("mediumTier(%q) = %v, want %v", m, got, want)
+		}
+	}
+}

@@ -335,15 +335,7 @@ func TestAppendBatchAllocatesNothing(t *testing.T) {
 	}
 }
 
-func TestMediumTierAndKind(t *testing.T) {
-	tiers := map[string]Tier{"": TierDevice, "GPU": TierDevice, "CPU": TierHost, "CPU_PINNED": TierHost,
-		"DISK": TierDisk, "NVME": TierDisk, "STORAGE": TierDisk, "EXTERNAL": TierRemote, "REMOTE": TierRemote,
-		"TAPE": TierUnknown, "gpu": TierUnknown}
-	for m, want := range tiers {
-		if got := MediumTier(m); got != want {
-			t.Errorf("MediumTier(%q) = %v, want %v", m, got, want)
-		}
-	}
+func TestMainAttentionKinds(t *testing.T) {
 	for kind, want := range map[string]bool{"full_attention": true, "mla_attention": true, "sink_full_attention": true,
 		"sliding_window": false, "mamba": false, "chunked_local_attention": false, "": false} {
 		if got := IsMainAttention(kind); got != want {
@@ -353,12 +345,12 @@ func TestMediumTierAndKind(t *testing.T) {
 }
 
 // A Decoder needs no constructor: the zero value and a literal with only
-// Limits decode as NewDecoder's does (they panicked on the intern table, or
+// limits decode as NewDecoder's does (they panicked on the intern table, or
 // rejected everything with zero limits).
 func TestDecoderZeroValue(t *testing.T) {
 	e := Event{Type: BlockStored, BlockHashes: []uint64{7}, TokenIDs: make([]uint32, 16), BlockSize: 16, Medium: "a-new-medium"}
 	p := AppendBatch(nil, &Batch{TS: 1, Events: []Event{e}}, CurrentVLLM)
-	for name, d := range map[string]*Decoder{"zero": {}, "limits only": {Limits: DefaultLimits}, "one limit": {Limits: Limits{MaxTokens: 8}}} {
+	for name, d := range map[string]*Decoder{"zero": {}, "limits only": {lim: defaultLimits}, "one limit": {lim: decodeLimits{MaxTokens: 8}}} {
 		var b Batch
 		err := d.Decode(p, &b)
 		if name == "one limit" {

@@ -8,16 +8,16 @@ import (
 	"github.com/tinylib/msgp/msgp"
 )
 
-// Limits bound what one payload may ask the decoder to hold, so that a
+// decodeLimits bound what one payload may ask the decoder to hold, so that a
 // corrupt length cannot make it allocate without end.
-type Limits struct {
+type decodeLimits struct {
 	MaxEvents int // events in one batch
 	MaxBlocks int // block hashes in one event
 	MaxTokens int // token ids in one event
 }
 
-// DefaultLimits are far above what any engine sends in one batch.
-var DefaultLimits = Limits{MaxEvents: 1 << 16, MaxBlocks: 1 << 16, MaxTokens: 1 << 22}
+// defaultLimits are far above what any engine sends in one batch.
+var defaultLimits = decodeLimits{MaxEvents: 1 << 16, MaxBlocks: 1 << 16, MaxTokens: 1 << 22}
 
 // Error is a decode failure: which event (-1 for the batch itself), which
 // field, and what was found. Decode returns the batch's; an event's is in
@@ -46,27 +46,27 @@ func (e *Error) Error() string {
 // Decoder decodes payloads. It keeps an intern table for the strings that
 // repeat across events (medium, kind, lora name), so it is not safe for
 // concurrent use: give each goroutine its own. The zero value is ready to
-// use; a zero field of Limits takes DefaultLimits' value.
+// use; a zero field of its limits takes defaultLimits' value.
 type Decoder struct {
-	Limits Limits
-	strs   interner
+	lim  decodeLimits
+	strs interner
 }
 
 // interner keeps one copy of each string that repeats across events, so
 // that decoding them allocates nothing once seen.
 type interner struct{ m map[string]string }
 
-// limits is d.Limits with DefaultLimits in its zero fields.
-func (d *Decoder) limits() Limits {
-	l := d.Limits
+// limits is d.lim with defaultLimits in its zero fields.
+func (d *Decoder) limits() decodeLimits {
+	l := d.lim
 	if l.MaxEvents <= 0 {
-		l.MaxEvents = DefaultLimits.MaxEvents
+		l.MaxEvents = defaultLimits.MaxEvents
 	}
 	if l.MaxBlocks <= 0 {
-		l.MaxBlocks = DefaultLimits.MaxBlocks
+		l.MaxBlocks = defaultLimits.MaxBlocks
 	}
 	if l.MaxTokens <= 0 {
-		l.MaxTokens = DefaultLimits.MaxTokens
+		l.MaxTokens = defaultLimits.MaxTokens
 	}
 	return l
 }
@@ -74,9 +74,9 @@ func (d *Decoder) limits() Limits {
 // maxInterned bounds the intern table against payloads full of distinct strings.
 const maxInterned = 1024
 
-// NewDecoder returns a Decoder with DefaultLimits.
+// NewDecoder returns a Decoder with the default limits (docs/FORMAT.md §8).
 func NewDecoder() *Decoder {
-	d := &Decoder{Limits: DefaultLimits, strs: interner{m: make(map[string]string)}}
+	d := &Decoder{lim: defaultLimits, strs: interner{m: make(map[string]string)}}
 	for _, s := range []string{"GPU", "CPU", "CPU_PINNED", "DISK", "NVME", "STORAGE",
 		"full_attention", "mla_attention", "sink_full_attention", "sliding_window",
 		"mamba", "chunked_local_attention"} {

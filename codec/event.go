@@ -87,51 +87,6 @@ func (e *Event) reset() {
 	*e = Event{BlockHashes: e.BlockHashes[:0], TokenIDs: e.TokenIDs[:0], BlockExtra: e.BlockExtra[:0]}
 }
 
-// Tier is the storage tier an event's medium names.
-type Tier uint8
-
-const (
-	TierDevice  Tier = iota // accelerator memory: what a prefill reuses directly
-	TierHost                // host memory (CPU offload)
-	TierDisk                // local disk or NVMe
-	TierRemote              // a shared or remote pool
-	TierUnknown             // a medium this version does not know
-)
-
-func (t Tier) String() string {
-	return [...]string{"device", "host", "disk", "remote", "unknown"}[t]
-}
-
-// media is every medium the engines are known to publish, with its tier.
-// vLLM: "GPU" (and nil before mediums existed), "CPU" from its offloading
-// connector, storage tiers from offload backends. SGLang: "GPU",
-// "CPU_PINNED" (host cache), "DISK" and "EXTERNAL" (a shared / remote pool,
-// e.g. Mooncake store or 3FS).
-var media = [...]struct {
-	Name string
-	Tier Tier
-}{
-	{"", TierDevice}, // no medium field, or nil: older engines publish device blocks only
-	{"GPU", TierDevice},
-	{"CPU", TierHost},
-	{"CPU_PINNED", TierHost},
-	{"DISK", TierDisk},
-	{"NVME", TierDisk},
-	{"STORAGE", TierDisk},
-	{"EXTERNAL", TierRemote},
-	{"REMOTE", TierRemote},
-}
-
-// MediumTier maps a medium string to its tier (see media).
-func MediumTier(medium string) Tier {
-	for _, m := range media {
-		if m.Name == medium {
-			return m.Tier
-		}
-	}
-	return TierUnknown
-}
-
 // IsMainAttention reports whether a kv_cache_spec_kind names a main-attention
 // group, the only kind a prefix index may hold. An empty kind is not main:
 // callers decide what an absent kind means.

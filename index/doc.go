@@ -9,6 +9,6 @@
 // tier or a faster one (Tiers), which Score.Weighted folds into one
 // number. An answer may mix states from before and after a batch being
 // applied meanwhile; after Sync it is exact (Shards says precisely what
-// holds). Tree is the same index as a plain single-goroutine structure,
-// the reference the tables are tested against.
+// holds). The tests keep the same index as a plain single-goroutine
+// prefix tree (tree_test.go), the reference the tables are checked against.
 package index

@@ -22,8 +22,8 @@ const Seed = 1337
 // A Hasher reuses a scratch buffer: give each goroutine its own.
 type Hasher struct{ buf []byte }
 
-// TokenHash is the seeded xxh3-64 of one block's tokens.
-func (h *Hasher) TokenHash(tokens []uint32) uint64 {
+// tokenHash is the seeded xxh3-64 of one block's tokens.
+func (h *Hasher) tokenHash(tokens []uint32) uint64 {
 	switch n := len(tokens); {
 	case n == 16:
 		return block16Hash((*[16]uint32)(tokens))
@@ -38,8 +38,8 @@ func (h *Hasher) TokenHash(tokens []uint32) uint64 {
 	return xxh3.HashSeed(b, Seed)
 }
 
-// Chain returns the key of a block with token hash th under parent.
-func Chain(parent uint64, hasParent bool, th uint64) uint64 {
+// chain returns the key of a block with token hash th under parent.
+func chain(parent uint64, hasParent bool, th uint64) uint64 {
 	if !hasParent {
 		return th
 	}
@@ -48,7 +48,7 @@ func Chain(parent uint64, hasParent bool, th uint64) uint64 {
 
 // Block returns the key of one block of tokens under parent (a root when hasParent is false).
 func (h *Hasher) Block(parent uint64, hasParent bool, tokens []uint32) uint64 {
-	return Chain(parent, hasParent, h.TokenHash(tokens))
+	return chain(parent, hasParent, h.tokenHash(tokens))
 }
 
 // Prompt appends to dst the keys of every whole block of a request's
@@ -148,9 +148,9 @@ const (
 // it; a nonzero extra is hashed in with the parent's key and the token
 // hash.
 func (h *Hasher) Key(parent uint64, hasParent bool, ns uint64, extra uint64, tokens []uint32) uint64 {
-	th := h.TokenHash(tokens)
+	th := h.tokenHash(tokens)
 	if extra == 0 && (ns == 0 || hasParent) {
-		return Chain(parent, hasParent, th)
+		return chain(parent, hasParent, th)
 	}
 	var b [25]byte
 	if hasParent {

@@ -36,11 +36,11 @@ print(xxhash.xxh3_64_intdigest(chain, seed=1337))`
 	lines := strings.Fields(string(out))
 	var h Hasher
 	for i, b := range blocks {
-		if got := h.TokenHash(b); lines[i] != strconv.FormatUint(got, 10) {
+		if got := h.tokenHash(b); lines[i] != strconv.FormatUint(got, 10) {
 			t.Errorf("block %v: TokenHash = %d, reference xxh3 = %s", b, got, lines[i])
 		}
 	}
-	if got := Chain(11, true, 22); lines[len(blocks)] != strconv.FormatUint(got, 10) {
+	if got := chain(11, true, 22); lines[len(blocks)] != strconv.FormatUint(got, 10) {
 		t.Errorf("Chain(11, 22) = %d, reference = %s", got, lines[len(blocks)])
 	}
 }

@@ -35,7 +35,7 @@ func (f *forest) add(parent int, next func(int) int) int {
 	th := uint64(next(1<<30))<<32 | uint64(len(f.keys))
 	k := th
 	if parent >= 0 {
-		k = Chain(f.keys[parent], true, th)
+		k = chain(f.keys[parent], true, th)
 	}
 	f.keys, f.par = append(f.keys, k), append(f.par, parent)
 	return len(f.keys) - 1
@@ -125,7 +125,7 @@ func jumpAgainstTree(t *testing.T, f *forest, next func(n int) int, steps int) (
 		w.apply(id, op)
 		ref.Apply(id, op)
 	}, func(q []uint64) {
-		got = sortScores(w.FindMatches(got[:0], q))
+		got = sortScores(w.findMatches(got[:0], q))
 		want = sortScores(ref.FindMatches(want[:0], q))
 		if !slices.Equal(got, want) {
 			t.Fatalf("prompt of %d keys: index %v, sequential reference %v", len(q), got, want)
@@ -199,7 +199,7 @@ func TestJumpHole(t *testing.T) {
 		if h := w.holders[3]; h.closed != closed {
 			t.Errorf("closed %v, want %v (orphans %d)", h.closed, closed, h.dev.orphans)
 		}
-		if got := w.FindMatches(nil, q); !slices.Equal(got, []Score{dev(3, blocks)}) {
+		if got := w.findMatches(nil, q); !slices.Equal(got, []Score{dev(3, blocks)}) {
 			t.Errorf("answer %v, want %v", got, dev(3, blocks))
 		}
 	}

@@ -157,7 +157,7 @@ func (s *Shards) FindMatches(ctx context.Context, dst []Score, hashes []uint64) 
 	start := len(dst)
 	for _, sh := range s.shards {
 		from := len(dst)
-		dst = sh.ix.FindMatches(dst, hashes)
+		dst = sh.ix.findMatches(dst, hashes)
 		dst = sh.preds.match(dst, from, hashes)
 	}
 	slices.SortFunc(dst[start:], func(a, b Score) int { return cmp.Compare(a.Worker, b.Worker) })
@@ -239,10 +239,10 @@ func (sh *shard) apply(b *Batch) {
 	if len(b.Ops) > 0 {
 		sh.preds.observe(b.Worker, b.Ops)
 	}
-	sh.nodes[TierDevice].Store(int64(ix.Nodes()))
+	sh.nodes[TierDevice].Store(int64(ix.nodes()))
 	if ix.lowerSet.Load() != 0 {
 		for t := TierHost; t < NumTiers; t++ {
-			sh.nodes[t].Store(int64(ix.TierNodes(t)))
+			sh.nodes[t].Store(int64(ix.tierNodes(t)))
 		}
 	}
 	sh.unknownRemoves.Store(int64(ix.unknownRemoves))

@@ -191,7 +191,7 @@ func tableAgainstTree(t *testing.T, seed uint64, tiered bool) {
 		newWorker()
 	}
 
-	r := &reader{find: w.FindMatches, stable: stable, nextID: &nextID, stop: make(chan struct{}),
+	r := &reader{find: w.findMatches, stable: stable, nextID: &nextID, stop: make(chan struct{}),
 		private: func(id WorkerID) bool { return id != stable }}
 	var wg sync.WaitGroup
 	for i := range 2 {
@@ -226,7 +226,7 @@ func tableAgainstTree(t *testing.T, seed uint64, tiered bool) {
 			}
 		case x < 89:
 			if tr := tier(); tiered && rng.IntN(2) == 0 {
-				w.ClearTier(id, tr)
+				w.clearTier(id, tr)
 				ref.ClearTier(id, tr)
 				private[id] = private[id][:0] // a hole in the chain: stop extending it
 				for i := range 12 {
@@ -239,11 +239,11 @@ func tableAgainstTree(t *testing.T, seed uint64, tiered bool) {
 				}
 				break
 			}
-			w.ClearWorker(id)
+			w.clearWorker(id)
 			ref.ClearWorker(id)
 			delete(private, id)
 		case x < 95:
-			w.RemoveWorker(id)
+			w.removeWorker(id)
 			ref.RemoveWorker(id)
 			delete(private, id)
 			live = slices.DeleteFunc(live, func(x WorkerID) bool { return x == id })
@@ -270,7 +270,7 @@ func tableAgainstTree(t *testing.T, seed uint64, tiered bool) {
 					q = append(q, privateKey(id, i))
 				}
 			}
-			got, want := sortScores(w.FindMatches(nil, q)), sortScores(ref.FindMatches(nil, q))
+			got, want := sortScores(w.findMatches(nil, q)), sortScores(ref.FindMatches(nil, q))
 			if !slices.Equal(got, want) {
 				t.Fatalf("seed %d step %d: FindMatches(%v) = %v, tree says %v", seed, step, q, got, want)
 			}
@@ -281,13 +281,13 @@ func tableAgainstTree(t *testing.T, seed uint64, tiered bool) {
 			}
 		}
 		for tr := range Tier(NumTiers) {
-			if w.TierNodes(tr) != ref.TierNodes(tr) {
-				t.Fatalf("seed %d step %d: %v nodes %d, tree %d", seed, step, tr, w.TierNodes(tr), ref.TierNodes(tr))
+			if w.tierNodes(tr) != ref.TierNodes(tr) {
+				t.Fatalf("seed %d step %d: %v nodes %d, tree %d", seed, step, tr, w.tierNodes(tr), ref.TierNodes(tr))
 			}
 		}
-		if w.Nodes() != ref.Nodes() || w.unknownRemoves != ref.UnknownRemoves {
+		if w.nodes() != ref.Nodes() || w.unknownRemoves != ref.UnknownRemoves {
 			t.Fatalf("seed %d step %d: nodes %d, unknown removes %d; tree %d and %d",
-				seed, step, w.Nodes(), w.unknownRemoves, ref.Nodes(), ref.UnknownRemoves)
+				seed, step, w.nodes(), w.unknownRemoves, ref.Nodes(), ref.UnknownRemoves)
 		}
 	}
 	close(r.stop)
@@ -324,7 +324,7 @@ func TestPinnedVersionIsNeitherRecycledNorRemapped(t *testing.T) {
 	}
 	old := w.pin()
 	slot := w.holders[5].slot
-	w.RemoveWorker(5)
+	w.removeWorker(5)
 	w.Store(100, 7) // no free slot: 5's is handed out again, in a new version
 	cur := w.cur.Load()
 	if cur == old || w.holders[100].slot != slot || cur.words != 1 {
@@ -357,7 +357,7 @@ func TestPinnedVersionIsNeitherRecycledNorRemapped(t *testing.T) {
 	if w.made != made {
 		t.Errorf("steady churn allocated %d tables", w.made-made)
 	}
-	if got := w.FindMatches(nil, []uint64{7}); !slices.Equal(got, []Score{dev(100, 1)}) {
+	if got := w.findMatches(nil, []uint64{7}); !slices.Equal(got, []Score{dev(100, 1)}) {
 		t.Errorf("worker 100's block answered %v", got)
 	}
 }
@@ -376,7 +376,7 @@ func TestWarmWriterAndReaderAllocateNothing(t *testing.T) {
 			}
 		}
 		for id := range WorkerID(4) {
-			w.ClearWorker(id)
+			w.clearWorker(id)
 		}
 	}
 	for range 20 {
@@ -394,7 +394,7 @@ func TestWarmWriterAndReaderAllocateNothing(t *testing.T) {
 	}
 	keys := []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}
 	dst := make([]Score, 0, 8)
-	if a := testing.AllocsPerRun(100, func() { dst = w.FindMatches(dst[:0], keys) }); a != 0 {
+	if a := testing.AllocsPerRun(100, func() { dst = w.findMatches(dst[:0], keys) }); a != 0 {
 		t.Errorf("FindMatches allocated %v times", a)
 	}
 	if !slices.Equal(dst, []Score{dev(1, 10)}) {
@@ -590,7 +590,7 @@ func TestWideTableAgainstTree(t *testing.T) {
 					ref.StoreTier(id, tier, uint64(i))
 				}
 				if id%7 == 3 { // and some churn of the slots
-					w.RemoveWorker(id - 2)
+					w.removeWorker(id - 2)
 					ref.RemoveWorker(id - 2)
 				}
 			}
@@ -599,7 +599,7 @@ func TestWideTableAgainstTree(t *testing.T) {
 			}
 			for n := range 14 {
 				q := []uint64{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}[:n+1]
-				got, want := sortScores(w.FindMatches(nil, q)), sortScores(ref.FindMatches(nil, q))
+				got, want := sortScores(w.findMatches(nil, q)), sortScores(ref.FindMatches(nil, q))
 				if !slices.Equal(got, want) || len(got) < 500 {
 					t.Fatalf("FindMatches(%v): %d scores, tree %d; differ: %v", q, len(got), len(want), !slices.Equal(got, want))
 				}
@@ -622,7 +622,7 @@ func TestMatchesAcrossLookaheadGroups(t *testing.T) {
 		}
 	}
 	got := map[WorkerID]int{}
-	for _, sc := range w.FindMatches(nil, keys) {
+	for _, sc := range w.findMatches(nil, keys) {
 		got[sc.Worker] = sc.Blocks
 	}
 	if len(got) != len(holds) {

@@ -99,11 +99,11 @@ func TestTieredOps(t *testing.T) {
 				case OpRemove:
 					w.RemoveTier(o.w, o.op.Tier, o.op.Hash)
 				case OpClearTier:
-					w.ClearTier(o.w, o.op.Tier)
+					w.clearTier(o.w, o.op.Tier)
 				case OpClearWorker:
-					w.ClearWorker(o.w)
+					w.clearWorker(o.w)
 				case OpRemoveWorker:
-					w.RemoveWorker(o.w)
+					w.removeWorker(o.w)
 				}
 				s.Queue(o.w) <- &Batch{Worker: o.w, Ops: []Op{o.op}}
 			}
@@ -114,7 +114,7 @@ func TestTieredOps(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for name, got := range map[string][]Score{"tree": ref.FindMatches(nil, query), "table": w.FindMatches(nil, query), "shards": sharded} {
+			for name, got := range map[string][]Score{"tree": ref.FindMatches(nil, query), "table": w.findMatches(nil, query), "shards": sharded} {
 				if got = sortScores(got); !slices.Equal(got, tc.want) {
 					t.Errorf("%s: FindMatches = %v, want %v", name, got, tc.want)
 				}
@@ -124,8 +124,8 @@ func TestTieredOps(t *testing.T) {
 				for i := range s.Len() {
 					sn += s.TierNodes(i, tier)
 				}
-				if ref.TierNodes(tier) != tc.nodes[tier] || w.TierNodes(tier) != tc.nodes[tier] || sn != int64(tc.nodes[tier]) {
-					t.Errorf("%v nodes: tree %d, table %d, shards %d, want %d", tier, ref.TierNodes(tier), w.TierNodes(tier), sn, tc.nodes[tier])
+				if ref.TierNodes(tier) != tc.nodes[tier] || w.tierNodes(tier) != tc.nodes[tier] || sn != int64(tc.nodes[tier]) {
+					t.Errorf("%v nodes: tree %d, table %d, shards %d, want %d", tier, ref.TierNodes(tier), w.tierNodes(tier), sn, tc.nodes[tier])
 				}
 			}
 			if s.TierNodes(0, NumTiers) != 0 {
@@ -167,10 +167,10 @@ func TestDeviceOnlyMakesNoLowerTierTables(t *testing.T) {
 		w.Store(1, k)
 	}
 	w.RemoveTier(1, TierHost, 3)
-	w.ClearTier(1, TierDisk)
-	w.ClearWorker(1)
+	w.clearTier(1, TierDisk)
+	w.clearWorker(1)
 	w.Store(2, 5)
-	w.RemoveWorker(2)
+	w.removeWorker(2)
 	if w.lowerSet.Load() != 0 {
 		t.Errorf("lower tiers %b", w.lowerSet.Load())
 	}
@@ -210,7 +210,7 @@ func TestTieredReaderMapsOnlyItsDeviceVersionsSlots(t *testing.T) {
 			unpin(x)
 		}
 	}
-	if got := w.FindMatches(nil, []uint64{7}); !slices.Equal(got, []Score{tiers(2, 0, 1, 1, 1)}) {
+	if got := w.findMatches(nil, []uint64{7}); !slices.Equal(got, []Score{tiers(2, 0, 1, 1, 1)}) {
 		t.Errorf("now %v", got)
 	}
 }
@@ -226,7 +226,7 @@ func TestTieredPinnedGenerationKeepsSlotOwners(t *testing.T) {
 	var old [NumTiers]*table
 	w.pinTiers(&old)
 	slot := w.holders[5].slot
-	w.RemoveWorker(5)
+	w.removeWorker(5)
 	w.StoreTier(100, TierHost, 7) // no free slot: 5's is handed out again, in a new generation
 	var cur [NumTiers]*table
 	w.pinTiers(&cur)
@@ -276,7 +276,7 @@ func TestTieredMatchesAcrossLookaheadGroups(t *testing.T) {
 		}
 	}
 	for _, n := range ends {
-		got, want := sortScores(w.FindMatches(nil, keys[:n])), sortScores(ref.FindMatches(nil, keys[:n]))
+		got, want := sortScores(w.findMatches(nil, keys[:n])), sortScores(ref.FindMatches(nil, keys[:n]))
 		if !slices.Equal(got, want) || len(want) == 0 {
 			t.Errorf("%d keys: %v, tree %v", n, got, want)
 		}
@@ -298,8 +298,8 @@ func TestTieredWarmWriterAndReaderAllocateNothing(t *testing.T) {
 			}
 		}
 		for id := range WorkerID(4) {
-			w.ClearTier(id, TierHost)
-			w.ClearWorker(id)
+			w.clearTier(id, TierHost)
+			w.clearWorker(id)
 		}
 	}
 	for range 20 {
@@ -318,7 +318,7 @@ func TestTieredWarmWriterAndReaderAllocateNothing(t *testing.T) {
 		w.StoreTier(2, TierDisk, uint64(i)+1)
 	}
 	dst := make([]Score, 0, 8)
-	if a := testing.AllocsPerRun(100, func() { dst = w.FindMatches(dst[:0], keys) }); a != 0 {
+	if a := testing.AllocsPerRun(100, func() { dst = w.findMatches(dst[:0], keys) }); a != 0 {
 		t.Errorf("FindMatches allocated %v times", a)
 	}
 	if got := sortScores(dst); !slices.Equal(got, []Score{dev(1, 10), tiers(2, 0, 0, 10, 10)}) {

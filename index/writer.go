@@ -7,7 +7,7 @@ import (
 
 // writer is a shard's index: the device tier's, each lower tier's once its
 // first block is stored, and what only the shard goroutine touches. Its ops
-// mean what Tree's do.
+// mean what the reference tree's do (tree_test.go).
 //
 // Closed workers. A worker is closed while every device block it holds is a
 // root or has its parent (by the ops' links) on device too: along a prompt
@@ -55,9 +55,9 @@ func newWriter(capacity int) *writer {
 	return w
 }
 
-// FindMatches is Tree.FindMatches on the current versions, safe from any
+// findMatches is Tree.findMatches on the current versions, safe from any
 // goroutine concurrently with the writer.
-func (w *writer) FindMatches(dst []Score, hashes []uint64) []Score {
+func (w *writer) findMatches(dst []Score, hashes []uint64) []Score {
 	if len(hashes) == 0 {
 		return dst
 	}
@@ -106,11 +106,11 @@ func (w *writer) pinTiers(ts *[NumTiers]*table) {
 	}
 }
 
-// Nodes is the number of blocks some worker holds on device.
-func (w *writer) Nodes() int { return w.live }
+// nodes is the number of blocks some worker holds on device.
+func (w *writer) nodes() int { return w.live }
 
-// TierNodes is the number of blocks some worker holds in tier.
-func (w *writer) TierNodes(tier Tier) int {
+// tierNodes is the number of blocks some worker holds in tier.
+func (w *writer) tierNodes(tier Tier) int {
 	if tier == TierDevice {
 		return w.live
 	}
@@ -130,11 +130,11 @@ func (w *writer) apply(id WorkerID, op Op) {
 	case OpRemove:
 		w.remove(id, op.Tier, op.Hash)
 	case OpClearWorker:
-		w.ClearWorker(id)
+		w.clearWorker(id)
 	case OpClearTier:
-		w.ClearTier(id, op.Tier)
+		w.clearTier(id, op.Tier)
 	case OpRemoveWorker:
-		w.RemoveWorker(id)
+		w.removeWorker(id)
 	}
 }
 
@@ -244,16 +244,16 @@ func (w *writer) heldIn(id WorkerID, tier Tier) int {
 	return 0
 }
 
-// ClearWorker clears the worker in every tier. It keeps the worker's slot
+// clearWorker clears the worker in every tier. It keeps the worker's slot
 // and maps: an engine that cleared its cache fills it again.
-func (w *writer) ClearWorker(id WorkerID) {
+func (w *writer) clearWorker(id WorkerID) {
 	for tier := range Tier(NumTiers) {
-		w.ClearTier(id, tier)
+		w.clearTier(id, tier)
 	}
 }
 
-// ClearTier clears the worker's blocks in tier alone.
-func (w *writer) ClearTier(id WorkerID, tier Tier) {
+// clearTier clears the worker's blocks in tier alone.
+func (w *writer) clearTier(id WorkerID, tier Tier) {
 	h := w.holders[id]
 	if h == nil || tier >= NumTiers || h.count[tier] == 0 && (tier != TierDevice || h.dev.n == 0) {
 		return
@@ -273,13 +273,13 @@ func (w *writer) ClearTier(id WorkerID, tier Tier) {
 	clear(h.held[tier])
 }
 
-// RemoveWorker clears the worker and frees its slot for a later generation.
-func (w *writer) RemoveWorker(id WorkerID) {
+// removeWorker clears the worker and frees its slot for a later generation.
+func (w *writer) removeWorker(id WorkerID) {
 	h := w.holders[id]
 	if h == nil {
 		return
 	}
-	w.ClearWorker(id)
+	w.clearWorker(id)
 	delete(w.holders, id)
 	w.taken[h.slot] = false
 	w.retiring = append(w.retiring, h.slot)

@@ -30,7 +30,7 @@ func TestXXH3FastPathsMatch(t *testing.T) {
 			for _, x := range toks {
 				b = binary.LittleEndian.AppendUint32(b, x)
 			}
-			if got, want := h.TokenHash(toks), xxh3.HashSeed(b, Seed); got != want {
+			if got, want := h.tokenHash(toks), xxh3.HashSeed(b, Seed); got != want {
 				t.Fatalf("%d tokens %v: TokenHash %x, xxh3 %x", n, toks, got, want)
 			}
 		}
@@ -40,7 +40,7 @@ func TestXXH3FastPathsMatch(t *testing.T) {
 		var b [16]byte
 		binary.LittleEndian.PutUint64(b[:8], p)
 		binary.LittleEndian.PutUint64(b[8:], th)
-		if got, want := Chain(p, true, th), xxh3.HashSeed(b[:], Seed); got != want {
+		if got, want := chain(p, true, th), xxh3.HashSeed(b[:], Seed); got != want {
 			t.Fatalf("Chain(%x, %x) = %x, xxh3 %x", p, th, got, want)
 		}
 	}

@@ -284,7 +284,7 @@ func (c *replayCall) giveUp(ctx context.Context) result {
 		s.stats.ReplayAbandoned.Add(1)
 		s.warn.Warn("replay endpoint useless: going on unproven", "endpoint", s.cfg.ReplayEndpoint)
 	}
-	_, started := s.seq.Last()
+	_, started := s.seq.latest()
 	switch {
 	case c.r.unfilled() > 0:
 		s.lose(c.r.unfilled(), c.h, ResetGapLost)

@@ -58,14 +58,14 @@ func (s *Subscriber) apply(ctx context.Context, sub *zsock.Receiver, h Handler, 
 	if r := s.checkEpoch(ctx, sub, h, f); r != goOn {
 		return r
 	}
-	outcome := s.seq.Classify(f.seq)
+	outcome := s.seq.classify(f.seq)
 	if outcome == seqFirst && f.seq > 0 && s.cfg.ReplayEndpoint != "" {
 		// The stream starts past 0: the engine's buffer may hold what
 		// the PUB sent before the subscription took hold.
 		if s.catchUp(ctx, sub, h, forTail, f.seq) == stopped {
 			return stopped
 		}
-		outcome = s.seq.Classify(f.seq)
+		outcome = s.seq.classify(f.seq)
 	}
 	switch outcome {
 	case seqFirst, seqInOrder:
@@ -128,7 +128,7 @@ func (s *Subscriber) fillGap(ctx context.Context, sub *zsock.Receiver, h Handler
 	if r := s.catchUp(ctx, sub, h, why, upto); r != goOn {
 		return r // dropped: f was the old incarnation's, with the rest held
 	}
-	switch s.seq.Classify(f.seq) {
+	switch s.seq.classify(f.seq) {
 	case seqFirst, seqInOrder:
 		s.deliver(f, h)
 	case seqDuplicate, seqRestart: // replayed, or behind a stream the engine vouches for
@@ -141,7 +141,7 @@ func (s *Subscriber) fillGap(ctx context.Context, sub *zsock.Receiver, h Handler
 }
 
 func (s *Subscriber) deliver(f frame, h Handler) {
-	s.seq.Apply(f.seq, f.payload)
+	s.seq.apply(f.seq, f.payload)
 	s.stats.Batches.Add(1)
 	s.continuous = true
 	h.HandleBatch(f.seq, f.payload)
@@ -155,7 +155,7 @@ func (s *Subscriber) lose(n uint64, h Handler, why ResetReason) {
 }
 
 func (s *Subscriber) reset(h Handler, why ResetReason) {
-	s.seq.Reset()
+	s.seq.reset()
 	s.notifyReset(h, why)
 }
 

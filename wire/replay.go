@@ -82,7 +82,7 @@ func (r *replayState) ask(recheck bool) uint64 {
 // restarted resets the tracker for a new incarnation, whose batches from its
 // first on are then asked for.
 func (r *replayState) restarted() {
-	r.t.Reset()
+	r.t.reset()
 	r.lossy, r.floor, r.continuous, r.proven = true, 0, true, true
 	r.upto = probe // a gap of the old incarnation means nothing in the new one
 }
@@ -119,7 +119,7 @@ func (r *replayState) reply(seq uint64, payload []byte) step {
 		if !r.lossy {
 			s.lost = 0
 		}
-		r.t.Reset()
+		r.t.reset()
 		r.floor = seq
 		r.apply(seq, payload)
 		return s
@@ -150,7 +150,7 @@ func (r *replayState) end() step {
 		if !r.lossy {
 			s.lost = 0 // before any history: nothing of ours
 		}
-		r.t.Reset()
+		r.t.reset()
 		return s
 	}
 	return step{v: vDone}

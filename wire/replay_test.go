@@ -92,8 +92,8 @@ func TestReplayState(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var tr seqTracker
 			if tc.history {
-				tr.Apply(9, []byte("batch 9"))
-				tr.Apply(10, []byte(p10))
+				tr.apply(9, []byte("batch 9"))
+				tr.apply(10, []byte(p10))
 			}
 			upto := tc.upto
 			if upto == 0 {
@@ -123,7 +123,7 @@ func TestReplayState(t *testing.T) {
 					t.Fatalf("step %d (%c %d): got %+v, want verdict %d lost %d reset %v", i, e.kind, e.seq, st, e.want, e.lost, e.reset)
 				}
 			}
-			if last, ok := tr.Last(); ok != tc.started || (ok && last != tc.last) {
+			if last, ok := tr.latest(); ok != tc.started || (ok && last != tc.last) {
 				t.Fatalf("tracker ends at %d (started %v), want %d (%v)", last, ok, tc.last, tc.started)
 			}
 		})
@@ -134,7 +134,7 @@ func TestReplayState(t *testing.T) {
 // restart: the floor is where the replay began.
 func TestReplayStateSetsTheDuplicateFloor(t *testing.T) {
 	var tr seqTracker
-	tr.Apply(10, []byte("p"))
+	tr.apply(10, []byte("p"))
 	var r replayState
 	r.begin(&tr, probe, true)
 	r.ask(false)
@@ -145,11 +145,11 @@ func TestReplayStateSetsTheDuplicateFloor(t *testing.T) {
 		}
 	}
 	for _, seq := range []uint64{11, 20} {
-		if got := tr.Classify(seq); got != seqDuplicate {
+		if got := tr.classify(seq); got != seqDuplicate {
 			t.Errorf("live %d after the replay: %v, want duplicate", seq, got)
 		}
 	}
-	if got := tr.Classify(21); got != seqInOrder {
+	if got := tr.classify(21); got != seqInOrder {
 		t.Errorf("live 21: %v, want in order", got)
 	}
 }
@@ -217,7 +217,7 @@ func TestReplayStateAfterAnAnchor(t *testing.T) {
 // fill, and nothing once the answer comes from a new incarnation.
 func TestReplayStateUnfilled(t *testing.T) {
 	var tr seqTracker
-	tr.Apply(10, []byte("p"))
+	tr.apply(10, []byte("p"))
 	var r replayState
 	r.begin(&tr, 13, true)
 	r.ask(false)

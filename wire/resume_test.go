@@ -36,6 +36,7 @@ func TestResumeFromASnapshot(t *testing.T) {
 			for i := range 10 { // sent before anyone listens: only the replay buffer has them
 				pub.Publish(body(i))
 			}
+			pub.Flush() // the publisher is asynchronous: the replay buffer holds batch 4 from here
 			s, err := NewSubscriber(Config{Endpoint: ep, ReplayEndpoint: replay,
 				Options: Options{ReconnectMin: 20 * time.Millisecond, ReconnectMax: 200 * time.Millisecond}})
 			if err != nil {

@@ -36,8 +36,8 @@ type seqTracker struct {
 // has another fingerprint even when its events are the same.
 func Fingerprint(payload []byte) uint64 { return xxh3.Hash(payload) }
 
-// Classify reports what seq means without applying it.
-func (t *seqTracker) Classify(seq uint64) seqOutcome {
+// classify reports what seq means without applying it.
+func (t *seqTracker) classify(seq uint64) seqOutcome {
 	switch {
 	case !t.started:
 		return seqFirst
@@ -51,8 +51,8 @@ func (t *seqTracker) Classify(seq uint64) seqOutcome {
 	return seqRestart
 }
 
-// Apply records the batch seq, received live, as the last applied.
-func (t *seqTracker) Apply(seq uint64, payload []byte) {
+// apply records the batch seq, received live, as the last applied.
+func (t *seqTracker) apply(seq uint64, payload []byte) {
 	t.last, t.fp, t.fpKnown, t.dupFloor, t.started = seq, Fingerprint(payload), true, seq, true
 }
 
@@ -85,8 +85,8 @@ func (t *seqTracker) applyReplayed(seq uint64, payload []byte, floor uint64) {
 	t.last, t.fp, t.fpKnown, t.started = seq, Fingerprint(payload), true, true
 }
 
-// Last returns the last applied seq and whether there is one.
-func (t *seqTracker) Last() (uint64, bool) { return t.last, t.started }
+// latest returns the last applied seq and whether there is one.
+func (t *seqTracker) latest() (uint64, bool) { return t.last, t.started }
 
 // next is the seq that continues the stream: last+1, or 0 without history.
 func (t *seqTracker) next() uint64 {
@@ -96,5 +96,5 @@ func (t *seqTracker) next() uint64 {
 	return t.last + 1
 }
 
-// Reset forgets the history: the next seq starts a new stream.
-func (t *seqTracker) Reset() { *t = seqTracker{} }
+// reset forgets the history: the next seq starts a new stream.
+func (t *seqTracker) reset() { *t = seqTracker{} }

@@ -22,12 +22,12 @@ func TestSeqTracker(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var tr seqTracker
 			for i, s := range tc.steps {
-				got := tr.Classify(s.seq)
+				got := tr.classify(s.seq)
 				if got != s.want {
 					t.Fatalf("step %d: Classify(%d) = %v, want %v", i, s.seq, got, s.want)
 				}
 				if got != seqDuplicate && got != seqRestart {
-					tr.Apply(s.seq, nil)
+					tr.apply(s.seq, nil)
 				}
 			}
 		})
@@ -38,20 +38,20 @@ func TestSeqTracker(t *testing.T) {
 // duplicates, not restarts; once the live stream passes them the window closes.
 func TestSeqTrackerReplayWindow(t *testing.T) {
 	var tr seqTracker
-	tr.Apply(10, nil)
+	tr.apply(10, nil)
 	for seq := uint64(11); seq <= 20; seq++ {
 		tr.applyReplayed(seq, nil, 11)
 	}
 	for _, seq := range []uint64{11, 15, 20} {
-		if got := tr.Classify(seq); got != seqDuplicate {
+		if got := tr.classify(seq); got != seqDuplicate {
 			t.Errorf("after replay: Classify(%d) = %v, want duplicate", seq, got)
 		}
 	}
-	if got := tr.Classify(3); got != seqRestart {
+	if got := tr.classify(3); got != seqRestart {
 		t.Errorf("below the replay: Classify(3) = %v, want restart", got)
 	}
-	tr.Apply(21, nil)
-	if got := tr.Classify(15); got != seqRestart {
+	tr.apply(21, nil)
+	if got := tr.classify(15); got != seqRestart {
 		t.Errorf("after the live stream passed the replay: Classify(15) = %v, want restart", got)
 	}
 }

@@ -73,13 +73,13 @@ func (s *Subscriber) serve(ctx context.Context, sub *zsock.Receiver, h Handler) 
 func (c *session) prove(ctx context.Context) error {
 	s := c.s
 	if s.cfg.ReplayEndpoint == "" {
-		if _, ok := s.seq.Last(); ok {
+		if _, ok := s.seq.latest(); ok {
 			s.reset(c.h, ResetUnproven)
 		}
 		return nil
 	}
 	why := forTail // no history: the engine's buffer is a head start, not owed
-	if _, ok := s.seq.Last(); ok {
+	if _, ok := s.seq.latest(); ok {
 		why = forProof
 	}
 	ok := s.catchUp(ctx, c.sub, c.h, why, probe) != stopped
@@ -154,7 +154,7 @@ func (c *session) handIdle() {
 // rebuilds the SUB, as does idling without a replay endpoint or history.
 func (c *session) idleCheck(ctx context.Context) error {
 	s := c.s
-	if _, ok := s.seq.Last(); !ok || s.cfg.ReplayEndpoint == "" {
+	if _, ok := s.seq.latest(); !ok || s.cfg.ReplayEndpoint == "" {
 		return errIdle
 	}
 	s.stats.TailChecks.Add(1)
@@ -173,7 +173,7 @@ func (c *session) idleCheck(ctx context.Context) error {
 // quiet spell.
 func (c *session) tailCheck(ctx context.Context) error {
 	s := c.s
-	if _, ok := s.seq.Last(); !ok {
+	if _, ok := s.seq.latest(); !ok {
 		return nil
 	}
 	s.stats.TailChecks.Add(1)

@@ -18,7 +18,7 @@ var snapshotRequest = []byte("snapshot-v1")
 // out of order, or a count that does not match breaks it off.
 type snapshotTalk struct {
 	epoch   []byte // the live stream's publisher incarnation; nil when unknown
-	header  codec.SnapshotHeader
+	header  codec.EngineSnapshotHeader
 	begun   bool // the header was taken: the handler is rebuilding
 	records int
 }
@@ -36,7 +36,7 @@ const (
 func (t *snapshotTalk) reply(kind string, payload []byte) (snapshotStep, error) {
 	switch {
 	case kind == "header" && !t.begun:
-		header, err := codec.DecodeSnapshotHeader(payload)
+		header, err := codec.DecodeEngineSnapshotHeader(payload)
 		switch {
 		case err != nil:
 			return snapFail, err
@@ -50,7 +50,7 @@ func (t *snapshotTalk) reply(kind string, payload []byte) (snapshotStep, error) 
 	case kind == "chunk" && t.begun:
 		// The header's count bounds the chunks: a peer cannot stream
 		// records forever, and one dropped on the way is noticed.
-		n, err := codec.SnapshotRecords(payload)
+		n, err := codec.EngineSnapshotRecords(payload)
 		if t.records += n; err != nil || t.records > t.header.RecordCount {
 			return snapFail, errors.New("more records than the header announced, or a corrupt chunk")
 		}
@@ -158,14 +158,14 @@ func (q *liveQueue) resumeAfter(seq *seqTracker, barrier uint64) {
 	// Live batches older than the barrier may still be on their way: from
 	// where the stream stood, they are duplicates, not a restart.
 	floor := uint64(0)
-	if _, ok := seq.Last(); ok {
+	if _, ok := seq.latest(); ok {
 		floor = seq.dupFloor
 	}
 	seq.anchor(barrier, floor)
 	kept := q.frames[:0]
 	for _, f := range q.frames {
 		if f.seq == barrier {
-			seq.Apply(f.seq, f.payload)
+			seq.apply(f.seq, f.payload)
 		} else if f.seq > barrier {
 			kept = append(kept, f)
 		}

@@ -11,14 +11,14 @@ import (
 // table by table.
 func TestSnapshotTalk(t *testing.T) {
 	header := func(epoch string, barrier uint64, records int) []byte {
-		return codec.AppendSnapshotHeader(nil, &codec.SnapshotHeader{Version: 1, Epoch: epoch, BarrierSeq: barrier, RecordCount: records})
+		return codec.AppendEngineSnapshotHeader(nil, &codec.EngineSnapshotHeader{Version: 1, Epoch: epoch, BarrierSeq: barrier, RecordCount: records})
 	}
 	chunk := func(n int) []byte {
-		blocks := make([]codec.SnapshotBlock, n)
+		blocks := make([]codec.EngineSnapshotBlock, n)
 		for i := range blocks {
-			blocks[i] = codec.SnapshotBlock{Parent: uint64(i), HasParent: i > 0, Hashes: []uint64{uint64(i + 1)}}
+			blocks[i] = codec.EngineSnapshotBlock{Parent: uint64(i), HasParent: i > 0, Hashes: []uint64{uint64(i + 1)}}
 		}
-		return codec.AppendSnapshotChunk(nil, blocks)
+		return codec.AppendEngineSnapshotChunk(nil, blocks)
 	}
 	type reply struct {
 		kind    string

@@ -317,7 +317,7 @@ func (s *Subscriber) Checkpoint(ctx context.Context, f func(Position)) error {
 }
 
 func (s *Subscriber) position() Position {
-	seq, ok := s.seq.Last()
+	seq, ok := s.seq.latest()
 	return Position{Seq: seq, Fingerprint: s.seq.fp, Known: ok && s.seq.fpKnown}
 }
 

@@ -126,6 +126,14 @@ func (b *burstResult) duplicates(o options, reqs []sim.Request, results []sim.Re
 	}
 }
 
+// runBurst replays reqs as bursts with predictions, with events only,
+// with approximate workers only, and at random. Its load weight is 0.5 by
+// default: with load weighed as much as the blocks a worker lacks, a
+// burst's second request is better off (by one block of waiting) on an
+// idle worker than behind the first's prefill on the worker predicted to
+// hold its prefix, and no prediction could keep a burst together; at 0.5 a
+// worker predicted to hold a prefix wins while its queued work is below
+// twice the prefix.
 func runBurst(ctx context.Context, o options, reqs []sim.Request, source string, stdout, stderr io.Writer) error {
 	if o.speedup <= 0 || o.prefillRate <= 0 {
 		return errors.New("--burst needs a positive --speedup and --prefill-rate: the event lag is modelled in trace time")

@@ -228,22 +228,18 @@ func loadTrace(o options, stderr io.Writer) ([]sim.Request, string, error) {
 	return reqs, path, err
 }
 
-func run(ctx context.Context, o options, stdout, stderr io.Writer) error {
-	if o.workers <= 0 || o.capacity <= 0 || o.blockSize <= 0 || sim.TraceBlockTokens%o.blockSize != 0 {
+// check validates o and applies its defaults.
+func (o *options) check() error {
+	switch {
+	case o.workers <= 0 || o.capacity <= 0 || o.blockSize <= 0 || sim.TraceBlockTokens%o.blockSize != 0:
 		return errors.New("--workers and --capacity must be positive, --block-size a divisor of 512")
+	case o.restartAt < 0 || o.restartAt >= 1 || o.failoverAt < 0 || o.failoverAt >= 1:
+		return errors.New("--restart-at and --failover-at must be in [0, 1)")
+	case o.restartAt > 0 && o.nats, o.burst > 0 && (o.nats || o.restartAt > 0):
+		return errors.New("--restart-at, --nats and --burst are separate runs")
 	}
 	if o.bufferSteps <= 0 {
 		o.bufferSteps = 1000
-	}
-	if o.restartAt < 0 || o.restartAt >= 1 || o.failoverAt < 0 || o.failoverAt >= 1 {
-		return errors.New("--restart-at and --failover-at must be in [0, 1)")
-	}
-	reqs, source, err := loadTrace(o, stderr)
-	if err != nil {
-		return err
-	}
-	if o.restartAt > 0 && o.nats {
-		return errors.New("--restart-at and --nats are separate runs")
 	}
 	if o.nats {
 		o.eagle = 0 // a relay's ops do not carry a worker's mode: its followers would score EAGLE workers with plain keys
@@ -252,8 +248,19 @@ func run(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	if o.loadWeight <= 0 {
 		o.loadWeight = 1
 		if o.burst > 0 {
-			o.loadWeight = 0.5
+			o.loadWeight = 0.5 // see runBurst
 		}
+	}
+	return nil
+}
+
+func run(ctx context.Context, o options, stdout, stderr io.Writer) error {
+	if err := o.check(); err != nil {
+		return err
+	}
+	reqs, source, err := loadTrace(o, stderr)
+	if err != nil {
+		return err
 	}
 	if o.restartAt > 0 {
 		return runRestart(ctx, o, reqs, source, stdout, stderr)

@@ -15,7 +15,7 @@ const (
 	// DefaultMaxMessage bounds one inbound message. A KV-event batch is one
 	// engine step: even a step that stores a million-token prefill is about
 	// 5 MiB of msgpack token ids (5 bytes each) plus 9 bytes per block hash,
-	// and one event at codec.DefaultLimits' 4 Mi tokens is about 20 MiB.
+	// and one event at codec's limit of 4 Mi tokens is about 20 MiB.
 	// 64 MiB is well above both, and is what one hostile connection may cost.
 	DefaultMaxMessage = 64 << 20
 	// DefaultHandshakeTimeout bounds greeting plus READY: a live peer on

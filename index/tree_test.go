@@ -1,8 +1,5 @@
 package index
 
-// WorkerID names a worker inside the index.
-type WorkerID uint32
-
 // Tree is the prefix index as a plain structure owned by one goroutine: the
 // reference the shards' concurrent tables are tested against. Router hashes
 // are chained, so a hash names its whole prefix: the tree is kept flat, a
@@ -169,23 +166,6 @@ func (t *Tree) drop(tier Tier, w WorkerID, h uint64) {
 			t.free = append(t.free, n)
 		}
 	}
-}
-
-// Score is how many leading blocks of a request one worker holds.
-type Score struct {
-	Worker WorkerID
-	// Blocks is how many leading blocks the worker holds on device:
-	// Tiers[TierDevice].
-	Blocks int
-	// Tiers[t] is how many leading blocks the worker holds each in tier t
-	// or a faster one, so it never decreases with t, and Tiers[NumTiers-1]
-	// is how far the worker's prefix reaches in any tier. A worker holding
-	// the first block only in a lower tier scores Blocks 0.
-	Tiers [NumTiers]int
-	// Predicted, for a worker with predictions (Batch.Predict), is how many
-	// leading blocks it holds on device or is predicted to: its Blocks and
-	// the keys predicted in a row after them. 0 for the others.
-	Predicted int
 }
 
 // FindMatches appends to dst the score of every worker holding at least the

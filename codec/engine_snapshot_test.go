@@ -11,8 +11,8 @@ import (
 	"github.com/tinylib/msgp/msgp"
 )
 
-func testHeader() SnapshotHeader {
-	return SnapshotHeader{Version: 1, Epoch: "0123456789abcdef0123456789abcdef", ReplicaRank: 2,
+func testHeader() EngineSnapshotHeader {
+	return EngineSnapshotHeader{Version: 1, Epoch: "0123456789abcdef0123456789abcdef", ReplicaRank: 2,
 		ResumeSeq: 42, BarrierSeq: 41, BarrierID: "fedcba9876543210fedcba9876543210", RecordCount: 3}
 }
 
@@ -64,12 +64,12 @@ func TestDecodeSnapshotHeader(t *testing.T) {
 	cases := []struct {
 		name    string
 		payload []byte
-		want    SnapshotHeader
+		want    EngineSnapshotHeader
 	}{
-		{"encoder", AppendSnapshotHeader(nil, &want), want},
+		{"encoder", AppendEngineSnapshotHeader(nil, &want), want},
 		// Python msgpack.packb([1, epoch, 0, 6, 5, barrier_id, 3]), as msgspec writes it.
 		{"python-packed", mustHex(t, "9701d9203031323334353637383961626364656630313233343536373839616263646566000605d920666564636261393837363534333231306665646362613938373635343332313003"),
-			SnapshotHeader{Version: 1, Epoch: "0123456789abcdef0123456789abcdef", ResumeSeq: 6, BarrierSeq: 5,
+			EngineSnapshotHeader{Version: 1, Epoch: "0123456789abcdef0123456789abcdef", ResumeSeq: 6, BarrierSeq: 5,
 				BarrierID: "fedcba9876543210fedcba9876543210", RecordCount: 3}},
 		{"version as uint64", withElem(0, []byte{0xcf, 0, 0, 0, 0, 0, 0, 0, 1}), want},
 		{"version as int8", withElem(0, []byte{0xd0, 1}), want},
@@ -83,12 +83,12 @@ func TestDecodeSnapshotHeader(t *testing.T) {
 		{"two newer fields", headerOf(append(headerElems(), msgp.AppendString(nil, "x"), msgp.AppendNil(nil))...), want},
 		{"largest seqs", headerOf(append(headerElems()[:3], msgp.AppendUint64(nil, 1<<64-1), msgp.AppendUint64(nil, 1<<64-2),
 			headerElems()[5], headerElems()[6])...),
-			func() SnapshotHeader { h := want; h.ResumeSeq, h.BarrierSeq = 1<<64-1, 1<<64-2; return h }()},
-		{"empty epoch and no records", AppendSnapshotHeader(nil, &SnapshotHeader{Version: 1}), SnapshotHeader{Version: 1}},
+			func() EngineSnapshotHeader { h := want; h.ResumeSeq, h.BarrierSeq = 1<<64-1, 1<<64-2; return h }()},
+		{"empty epoch and no records", AppendEngineSnapshotHeader(nil, &EngineSnapshotHeader{Version: 1}), EngineSnapshotHeader{Version: 1}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := DecodeSnapshotHeader(tc.payload)
+			got, err := DecodeEngineSnapshotHeader(tc.payload)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -101,7 +101,7 @@ func TestDecodeSnapshotHeader(t *testing.T) {
 
 func TestDecodeSnapshotHeaderErrors(t *testing.T) {
 	h := testHeader()
-	valid := AppendSnapshotHeader(nil, &h)
+	valid := AppendEngineSnapshotHeader(nil, &h)
 	cases := []struct {
 		name    string
 		payload []byte
@@ -135,7 +135,7 @@ func TestDecodeSnapshotHeaderErrors(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := DecodeSnapshotHeader(tc.payload)
+			got, err := DecodeEngineSnapshotHeader(tc.payload)
 			if err == nil {
 				t.Fatalf("no error; decoded %+v", got)
 			}
@@ -145,14 +145,14 @@ func TestDecodeSnapshotHeaderErrors(t *testing.T) {
 			if !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("error %q, want it to contain %q", err, tc.want)
 			}
-			if got != (SnapshotHeader{}) {
+			if got != (EngineSnapshotHeader{}) {
 				t.Errorf("returned %+v with the error, want the zero header", got)
 			}
 		})
 	}
 	// Every cut of a valid header fails cleanly.
 	for i := range valid {
-		if _, err := DecodeSnapshotHeader(valid[:i]); err == nil {
+		if _, err := DecodeEngineSnapshotHeader(valid[:i]); err == nil {
 			t.Errorf("header cut at %d of %d bytes decoded", i, len(valid))
 		} else if _, ok := err.(*Error); !ok {
 			t.Errorf("cut at %d: error %T is not a *codec.Error", i, err)
@@ -180,7 +180,7 @@ func digest(h uint64) []byte {
 }
 
 // sameBlock compares records as decoding defines them (a nil and an empty Hashes are the same).
-func sameBlock(a, b SnapshotBlock) bool {
+func sameBlock(a, b EngineSnapshotBlock) bool {
 	if a.HasParent != b.HasParent || a.Parent != b.Parent || len(a.Hashes) != len(b.Hashes) {
 		return false
 	}
@@ -199,35 +199,35 @@ func TestDecodeSnapshotChunk(t *testing.T) {
 	cases := []struct {
 		name    string
 		payload []byte
-		want    []SnapshotBlock
+		want    []EngineSnapshotBlock
 	}{
 		{"empty chunk", chunkOf(), nil},
-		{"nil parent", chunkOf(record(nilp, hashesOf(msgp.AppendInt(nil, 7)))), []SnapshotBlock{{Hashes: []uint64{7}}}},
+		{"nil parent", chunkOf(record(nilp, hashesOf(msgp.AppendInt(nil, 7)))), []EngineSnapshotBlock{{Hashes: []uint64{7}}}},
 		{"parent and child", chunkOf(record(nilp, hashesOf(msgp.AppendInt(nil, 7))), record(msgp.AppendInt(nil, 7), hashesOf(msgp.AppendInt(nil, 8)))),
-			[]SnapshotBlock{{Hashes: []uint64{7}}, {Parent: 7, HasParent: true, Hashes: []uint64{8}}}},
+			[]EngineSnapshotBlock{{Hashes: []uint64{7}}, {Parent: 7, HasParent: true, Hashes: []uint64{8}}}},
 		// Python msgpack.packb of SGLang-style signed hashes (the first 8 bytes of a SHA-256 as int64).
 		{"python-packed", mustHex(t, "9392c091d3a00000000000000092d3a00000000000000091cd303992cd303991ff"),
-			[]SnapshotBlock{{Hashes: []uint64{0xa000000000000000}}, {Parent: 0xa000000000000000, HasParent: true, Hashes: []uint64{12345}},
+			[]EngineSnapshotBlock{{Hashes: []uint64{0xa000000000000000}}, {Parent: 0xa000000000000000, HasParent: true, Hashes: []uint64{12345}},
 				{Parent: 12345, HasParent: true, Hashes: []uint64{1<<64 - 1}}}},
 		{"hash widths and signs", chunkOf(record(msgp.AppendInt8(nil, -1), hashesOf(
 			msgp.AppendInt8(nil, -1), msgp.AppendUint8(nil, 200), msgp.AppendInt16(nil, -300), []byte{0xcd, 0xea, 0x60},
 			msgp.AppendInt32(nil, -70000), []byte{0xce, 0xee, 0x6b, 0x28, 0x00}, msgp.AppendInt64(nil, -5e12), msgp.AppendUint64(nil, 1<<63),
 			[]byte{0xd3, 0, 0, 0, 0, 0, 0, 0, 5}, []byte{0xcf, 0, 0, 0, 0, 0, 0, 0, 6}, []byte{0xd0, 0x05}, []byte{0xcc, 0x05}))),
-			[]SnapshotBlock{{Parent: 1<<64 - 1, HasParent: true, Hashes: []uint64{1<<64 - 1, 200, 1<<64 - 300, 60000, 1<<64 - 70000, 4e9,
+			[]EngineSnapshotBlock{{Parent: 1<<64 - 1, HasParent: true, Hashes: []uint64{1<<64 - 1, 200, 1<<64 - 300, 60000, 1<<64 - 70000, 4e9,
 				1<<64 - 5e12, 1 << 63, 5, 6, 5, 5}}}},
 		{"bin digests", chunkOf(record(digest(0x0102030405060708), hashesOf(digest(1<<63|9), digest(0)))),
-			[]SnapshotBlock{{Parent: 0x0102030405060708, HasParent: true, Hashes: []uint64{1<<63 | 9, 0}}}},
-		{"short bin hash", chunkOf(record(nilp, hashesOf(msgp.AppendBytes(nil, []byte{1, 2})))), []SnapshotBlock{{Hashes: []uint64{0x0102}}}},
+			[]EngineSnapshotBlock{{Parent: 0x0102030405060708, HasParent: true, Hashes: []uint64{1<<63 | 9, 0}}}},
+		{"short bin hash", chunkOf(record(nilp, hashesOf(msgp.AppendBytes(nil, []byte{1, 2})))), []EngineSnapshotBlock{{Hashes: []uint64{0x0102}}}},
 		{"coalesced chain of hashes", chunkOf(record(msgp.AppendInt(nil, 1), hashesOf(msgp.AppendInt(nil, 2), msgp.AppendInt(nil, 3), msgp.AppendInt(nil, 4)))),
-			[]SnapshotBlock{{Parent: 1, HasParent: true, Hashes: []uint64{2, 3, 4}}}},
-		{"no hashes", chunkOf(record(nilp, hashesOf())), []SnapshotBlock{{}}},
+			[]EngineSnapshotBlock{{Parent: 1, HasParent: true, Hashes: []uint64{2, 3, 4}}}},
+		{"no hashes", chunkOf(record(nilp, hashesOf())), []EngineSnapshotBlock{{}}},
 		{"newer record slots", chunkOf(record(nilp, hashesOf(msgp.AppendInt(nil, 7)), msgp.AppendString(nil, "GPU"), msgp.AppendMapHeader(nil, 0))),
-			[]SnapshotBlock{{Hashes: []uint64{7}}}},
+			[]EngineSnapshotBlock{{Hashes: []uint64{7}}}},
 	}
 	d := NewDecoder()
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := d.DecodeSnapshotChunk(tc.payload, nil)
+			got, err := d.DecodeEngineSnapshotChunk(tc.payload, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -240,14 +240,14 @@ func TestDecodeSnapshotChunk(t *testing.T) {
 
 func TestDecodeSnapshotChunkReusesStorage(t *testing.T) {
 	d := NewDecoder()
-	big := []SnapshotBlock{{Parent: 1, HasParent: true, Hashes: []uint64{2, 3, 4, 5}}, {Parent: 2, HasParent: true, Hashes: []uint64{6}}}
-	dst, err := d.DecodeSnapshotChunk(AppendSnapshotChunk(nil, big), nil)
+	big := []EngineSnapshotBlock{{Parent: 1, HasParent: true, Hashes: []uint64{2, 3, 4, 5}}, {Parent: 2, HasParent: true, Hashes: []uint64{6}}}
+	dst, err := d.DecodeEngineSnapshotChunk(AppendEngineSnapshotChunk(nil, big), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	first := &dst[0].Hashes[0]
-	small := []SnapshotBlock{{Hashes: []uint64{9}}}
-	dst, err = d.DecodeSnapshotChunk(AppendSnapshotChunk(nil, small), dst)
+	small := []EngineSnapshotBlock{{Hashes: []uint64{9}}}
+	dst, err = d.DecodeEngineSnapshotChunk(AppendEngineSnapshotChunk(nil, small), dst)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,11 +258,11 @@ func TestDecodeSnapshotChunkReusesStorage(t *testing.T) {
 		t.Error("the element's Hashes storage was not reused")
 	}
 	// Growing past the capacity keeps the old elements' Hashes.
-	many := make([]SnapshotBlock, 10)
+	many := make([]EngineSnapshotBlock, 10)
 	for i := range many {
-		many[i] = SnapshotBlock{Parent: uint64(i), HasParent: i > 0, Hashes: []uint64{uint64(100 + i)}}
+		many[i] = EngineSnapshotBlock{Parent: uint64(i), HasParent: i > 0, Hashes: []uint64{uint64(100 + i)}}
 	}
-	dst, err = d.DecodeSnapshotChunk(AppendSnapshotChunk(nil, many), dst)
+	dst, err = d.DecodeEngineSnapshotChunk(AppendEngineSnapshotChunk(nil, many), dst)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,7 +273,7 @@ func TestDecodeSnapshotChunkReusesStorage(t *testing.T) {
 		t.Error("growing dropped the first element's Hashes storage")
 	}
 	// An error leaves no records.
-	dst, err = d.DecodeSnapshotChunk([]byte{0x91, 0x05}, dst)
+	dst, err = d.DecodeEngineSnapshotChunk([]byte{0x91, 0x05}, dst)
 	if err == nil || len(dst) != 0 {
 		t.Errorf("bad chunk: %d records, error %v; want 0 records and an error", len(dst), err)
 	}
@@ -282,50 +282,50 @@ func TestDecodeSnapshotChunkReusesStorage(t *testing.T) {
 func TestDecodeSnapshotChunkErrors(t *testing.T) {
 	nilp := msgp.AppendNil(nil)
 	one := hashesOf(msgp.AppendInt(nil, 1))
-	valid := AppendSnapshotChunk(nil, []SnapshotBlock{{Hashes: []uint64{1 << 62}}, {Parent: 1 << 62, HasParent: true, Hashes: []uint64{5, 6}}})
+	valid := AppendEngineSnapshotChunk(nil, []EngineSnapshotBlock{{Hashes: []uint64{1 << 62}}, {Parent: 1 << 62, HasParent: true, Hashes: []uint64{5, 6}}})
 	oversize := []byte{0xdd, 0x00, 0x01, 0x00, 0x01} // 65,537 records
-	for range MaxSnapshotChunkRecords + 1 {
+	for range maxSnapshotChunkRecords + 1 {
 		oversize = append(oversize, 0x92, 0xc0, 0x90)
 	}
 	cases := []struct {
 		name    string
 		payload []byte
-		limits  Limits
+		limits  decodeLimits
 		want    string
 	}{
-		{"empty", nil, DefaultLimits, "batch: snapshot chunk: truncated payload"},
-		{"nil", nilp, DefaultLimits, "batch: snapshot chunk: expected array, got nil"},
-		{"a map", msgp.AppendMapHeader(nil, 0), DefaultLimits, "batch: snapshot chunk: expected array, got map"},
-		{"record as int", chunkOf(msgp.AppendInt(nil, 5)), DefaultLimits, "event 0: expected array (parent_block_hash, block_hashes), got int"},
-		{"record as map", chunkOf(record(nilp, one), msgp.AppendMapHeader(nil, 0)), DefaultLimits, "event 1: expected array (parent_block_hash, block_hashes), got map"},
-		{"record of one slot", chunkOf(record(nilp)), DefaultLimits, "event 0: record array of 1 elements, want at least 2 (parent_block_hash, block_hashes)"},
-		{"empty record", chunkOf(record()), DefaultLimits, "event 0: record array of 0 elements, want at least 2"},
-		{"parent as string", chunkOf(record(msgp.AppendString(nil, "p"), one)), DefaultLimits, "event 0: snapshot parent_block_hash: expected int, got str"},
-		{"parent as float", chunkOf(record(msgp.AppendFloat64(nil, 1), one)), DefaultLimits, "event 0: snapshot parent_block_hash: expected int, got float64"},
-		{"hashes nil", chunkOf(record(nilp, nilp)), DefaultLimits, "event 0: snapshot block_hashes: expected array, got nil"},
-		{"hashes as int", chunkOf(record(nilp, msgp.AppendInt(nil, 1))), DefaultLimits, "event 0: snapshot block_hashes: expected array, got int"},
-		{"hash as string", chunkOf(record(nilp, one), record(nilp, hashesOf(msgp.AppendInt(nil, 1), msgp.AppendString(nil, "h")))), DefaultLimits,
+		{"empty", nil, defaultLimits, "batch: snapshot chunk: truncated payload"},
+		{"nil", nilp, defaultLimits, "batch: snapshot chunk: expected array, got nil"},
+		{"a map", msgp.AppendMapHeader(nil, 0), defaultLimits, "batch: snapshot chunk: expected array, got map"},
+		{"record as int", chunkOf(msgp.AppendInt(nil, 5)), defaultLimits, "event 0: expected array (parent_block_hash, block_hashes), got int"},
+		{"record as map", chunkOf(record(nilp, one), msgp.AppendMapHeader(nil, 0)), defaultLimits, "event 1: expected array (parent_block_hash, block_hashes), got map"},
+		{"record of one slot", chunkOf(record(nilp)), defaultLimits, "event 0: record array of 1 elements, want at least 2 (parent_block_hash, block_hashes)"},
+		{"empty record", chunkOf(record()), defaultLimits, "event 0: record array of 0 elements, want at least 2"},
+		{"parent as string", chunkOf(record(msgp.AppendString(nil, "p"), one)), defaultLimits, "event 0: snapshot parent_block_hash: expected int, got str"},
+		{"parent as float", chunkOf(record(msgp.AppendFloat64(nil, 1), one)), defaultLimits, "event 0: snapshot parent_block_hash: expected int, got float64"},
+		{"hashes nil", chunkOf(record(nilp, nilp)), defaultLimits, "event 0: snapshot block_hashes: expected array, got nil"},
+		{"hashes as int", chunkOf(record(nilp, msgp.AppendInt(nil, 1))), defaultLimits, "event 0: snapshot block_hashes: expected array, got int"},
+		{"hash as string", chunkOf(record(nilp, one), record(nilp, hashesOf(msgp.AppendInt(nil, 1), msgp.AppendString(nil, "h")))), defaultLimits,
 			"event 1: snapshot block_hashes: [1]: expected int, got str"},
-		{"hash nil", chunkOf(record(nilp, hashesOf(nilp))), DefaultLimits, "event 0: snapshot block_hashes: [0]: expected int, got nil"},
-		{"oversize chunk", oversize, DefaultLimits, "batch: snapshot chunk: array of 65537 elements exceeds the limit of 65536"},
-		{"chunk header past the payload", []byte{0xdc, 0x01, 0x00, 0x92}, DefaultLimits, "batch: snapshot chunk: array of 256 elements in 1 remaining bytes"},
-		{"huge chunk header", []byte{0xdd, 0xff, 0xff, 0xff, 0xff}, DefaultLimits, "batch: snapshot chunk: array of 4294967295 elements exceeds the limit of 65536"},
+		{"hash nil", chunkOf(record(nilp, hashesOf(nilp))), defaultLimits, "event 0: snapshot block_hashes: [0]: expected int, got nil"},
+		{"oversize chunk", oversize, defaultLimits, "batch: snapshot chunk: array of 65537 elements exceeds the limit of 65536"},
+		{"chunk header past the payload", []byte{0xdc, 0x01, 0x00, 0x92}, defaultLimits, "batch: snapshot chunk: array of 256 elements in 1 remaining bytes"},
+		{"huge chunk header", []byte{0xdd, 0xff, 0xff, 0xff, 0xff}, defaultLimits, "batch: snapshot chunk: array of 4294967295 elements exceeds the limit of 65536"},
 		{"hashes over the limit", chunkOf(record(nilp, hashesOf(msgp.AppendInt(nil, 1), msgp.AppendInt(nil, 2), msgp.AppendInt(nil, 3)))),
-			Limits{MaxBlocks: 2}, "event 0: snapshot block_hashes: array of 3 elements exceeds the limit of 2"},
-		{"hashes header past the payload", chunkOf(append(msgp.AppendArrayHeader(nil, 2), 0xc0, 0xdc, 0x10, 0x00)), DefaultLimits,
+			decodeLimits{MaxBlocks: 2}, "event 0: snapshot block_hashes: array of 3 elements exceeds the limit of 2"},
+		{"hashes header past the payload", chunkOf(append(msgp.AppendArrayHeader(nil, 2), 0xc0, 0xdc, 0x10, 0x00)), defaultLimits,
 			"event 0: snapshot block_hashes: array of 4096 elements in 0 remaining bytes"},
-		{"truncated by one byte", valid[:len(valid)-1], DefaultLimits, "event 1: snapshot block_hashes: array of 2 elements in 1 remaining bytes"},
-		{"truncated before a record", valid[:1], DefaultLimits, "batch: snapshot chunk: array of 2 elements in 0 remaining bytes"},
-		{"truncated newer slot", chunkOf(record(nilp, one, []byte{0x92, 0x01})), DefaultLimits, "event 0: truncated payload"},
-		{"truncated in a hash", []byte{0x91, 0x92, 0xc0, 0x92, 0x01, 0xd3, 0x01, 0x02}, DefaultLimits,
+		{"truncated by one byte", valid[:len(valid)-1], defaultLimits, "event 1: snapshot block_hashes: array of 2 elements in 1 remaining bytes"},
+		{"truncated before a record", valid[:1], defaultLimits, "batch: snapshot chunk: array of 2 elements in 0 remaining bytes"},
+		{"truncated newer slot", chunkOf(record(nilp, one, []byte{0x92, 0x01})), defaultLimits, "event 0: truncated payload"},
+		{"truncated in a hash", []byte{0x91, 0x92, 0xc0, 0x92, 0x01, 0xd3, 0x01, 0x02}, defaultLimits,
 			"event 0: snapshot block_hashes: [1]: truncated payload"},
-		{"trailing garbage", append(append([]byte{}, valid...), 0x01), DefaultLimits, "batch: snapshot chunk: 1 trailing bytes after the chunk"},
+		{"trailing garbage", append(append([]byte{}, valid...), 0x01), defaultLimits, "batch: snapshot chunk: 1 trailing bytes after the chunk"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			d := NewDecoder()
-			d.Limits = tc.limits
-			got, err := d.DecodeSnapshotChunk(tc.payload, nil)
+			d.lim = tc.limits
+			got, err := d.DecodeEngineSnapshotChunk(tc.payload, nil)
 			if err == nil {
 				t.Fatalf("no error; decoded %d records", len(got))
 			}
@@ -341,10 +341,10 @@ func TestDecodeSnapshotChunkErrors(t *testing.T) {
 		})
 	}
 	d := NewDecoder()
-	var dst []SnapshotBlock
+	var dst []EngineSnapshotBlock
 	for i := range valid {
 		var err error
-		if dst, err = d.DecodeSnapshotChunk(valid[:i], dst); err == nil {
+		if dst, err = d.DecodeEngineSnapshotChunk(valid[:i], dst); err == nil {
 			t.Errorf("chunk cut at %d of %d bytes decoded", i, len(valid))
 		} else if _, ok := err.(*Error); !ok {
 			t.Errorf("cut at %d: error %T is not a *codec.Error", i, err)
@@ -352,20 +352,20 @@ func TestDecodeSnapshotChunkErrors(t *testing.T) {
 	}
 	// The bound is on records per chunk: exactly the limit decodes.
 	atLimit := append([]byte{0xdd, 0x00, 0x01, 0x00, 0x00}, oversize[5:len(oversize)-3]...)
-	if got, err := d.DecodeSnapshotChunk(atLimit, nil); err != nil || len(got) != MaxSnapshotChunkRecords {
-		t.Errorf("chunk of %d records: %d records, error %v", MaxSnapshotChunkRecords, len(got), err)
+	if got, err := d.DecodeEngineSnapshotChunk(atLimit, nil); err != nil || len(got) != maxSnapshotChunkRecords {
+		t.Errorf("chunk of %d records: %d records, error %v", maxSnapshotChunkRecords, len(got), err)
 	}
 }
 
 // snapshotBlocks is a chunk as SGLang's provider sends it: one hash per
 // record, chains of 8 under a root, hashes spread over all 64 bits (half negative).
-func snapshotBlocks(n int) []SnapshotBlock {
-	blocks := make([]SnapshotBlock, n)
+func snapshotBlocks(n int) []EngineSnapshotBlock {
+	blocks := make([]EngineSnapshotBlock, n)
 	h := uint64(0x9e3779b97f4a7c15)
 	var prev uint64
 	for i := range blocks {
 		h = h*6364136223846793005 + 1442695040888963407
-		blocks[i] = SnapshotBlock{Parent: prev, HasParent: i%8 != 0, Hashes: []uint64{h}}
+		blocks[i] = EngineSnapshotBlock{Parent: prev, HasParent: i%8 != 0, Hashes: []uint64{h}}
 		if !blocks[i].HasParent {
 			blocks[i].Parent = 0
 		}
@@ -376,9 +376,9 @@ func snapshotBlocks(n int) []SnapshotBlock {
 
 func TestSnapshotRoundTrip(t *testing.T) {
 	h := testHeader()
-	for _, hh := range []SnapshotHeader{h, {Version: 1}, {Version: 1, Epoch: "e", ReplicaRank: 1<<31 - 1, ResumeSeq: 1<<64 - 1, BarrierSeq: 1 << 63,
+	for _, hh := range []EngineSnapshotHeader{h, {Version: 1}, {Version: 1, Epoch: "e", ReplicaRank: 1<<31 - 1, ResumeSeq: 1<<64 - 1, BarrierSeq: 1 << 63,
 		BarrierID: "\x00\xff", RecordCount: 1 << 40}} {
-		got, err := DecodeSnapshotHeader(AppendSnapshotHeader(nil, &hh))
+		got, err := DecodeEngineSnapshotHeader(AppendEngineSnapshotHeader(nil, &hh))
 		if err != nil {
 			t.Fatalf("%+v: %v", hh, err)
 		}
@@ -387,11 +387,11 @@ func TestSnapshotRoundTrip(t *testing.T) {
 		}
 	}
 	d := NewDecoder()
-	var dst []SnapshotBlock
-	for _, blocks := range [][]SnapshotBlock{nil, snapshotBlocks(1), snapshotBlocks(SnapshotChunkRecords),
+	var dst []EngineSnapshotBlock
+	for _, blocks := range [][]EngineSnapshotBlock{nil, snapshotBlocks(1), snapshotBlocks(snapshotChunkRecords),
 		{{Parent: 1<<64 - 1, HasParent: true, Hashes: []uint64{0, 1 << 63, 1<<63 - 1, 1<<64 - 1}}, {}}} {
 		var err error
-		if dst, err = d.DecodeSnapshotChunk(AppendSnapshotChunk(nil, blocks), dst); err != nil {
+		if dst, err = d.DecodeEngineSnapshotChunk(AppendEngineSnapshotChunk(nil, blocks), dst); err != nil {
 			t.Fatalf("%d records: %v", len(blocks), err)
 		}
 		if diff := gocmp.Diff(blocks, dst, blockCmp); diff != "" {
@@ -440,14 +440,14 @@ func TestSteadyStateSnapshotDecodeAllocatesNothing(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates on its own")
 	}
-	payload := AppendSnapshotChunk(nil, snapshotBlocks(SnapshotChunkRecords))
+	payload := AppendEngineSnapshotChunk(nil, snapshotBlocks(snapshotChunkRecords))
 	d := NewDecoder()
-	dst, err := d.DecodeSnapshotChunk(payload, nil)
+	dst, err := d.DecodeEngineSnapshotChunk(payload, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	allocs := testing.AllocsPerRun(20, func() {
-		if dst, err = d.DecodeSnapshotChunk(payload, dst); err != nil {
+		if dst, err = d.DecodeEngineSnapshotChunk(payload, dst); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -461,20 +461,20 @@ func TestSteadyStateSnapshotDecodeAllocatesNothing(t *testing.T) {
 }
 
 func BenchmarkDecodeSnapshotChunk(b *testing.B) {
-	payload := AppendSnapshotChunk(nil, snapshotBlocks(SnapshotChunkRecords))
+	payload := AppendEngineSnapshotChunk(nil, snapshotBlocks(snapshotChunkRecords))
 	d := NewDecoder()
-	dst, err := d.DecodeSnapshotChunk(payload, nil) // steady state: storage already grown
+	dst, err := d.DecodeEngineSnapshotChunk(payload, nil) // steady state: storage already grown
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.SetBytes(int64(len(payload)))
 	b.ReportAllocs()
 	for b.Loop() {
-		if dst, err = d.DecodeSnapshotChunk(payload, dst); err != nil {
+		if dst, err = d.DecodeEngineSnapshotChunk(payload, dst); err != nil {
 			b.Fatal(err)
 		}
 	}
-	b.ReportMetric(float64(b.N*SnapshotChunkRecords)/b.Elapsed().Seconds(), "records/s")
+	b.ReportMetric(float64(b.N*snapshotChunkRecords)/b.Elapsed().Seconds(), "records/s")
 }
 
 // FuzzSnapshot: no input panics, errors are *Error, and whatever decodes (as
@@ -482,21 +482,21 @@ func BenchmarkDecodeSnapshotChunk(b *testing.B) {
 // splits joins back to itself.
 func FuzzSnapshot(f *testing.F) {
 	h := testHeader()
-	f.Add(AppendSnapshotHeader(nil, &h))
+	f.Add(AppendEngineSnapshotHeader(nil, &h))
 	f.Add(withElem(7, msgp.AppendArrayHeader(nil, 0)))
 	f.Add(withElem(1, msgp.AppendBytes(nil, []byte(h.Epoch))))
-	f.Add(AppendSnapshotChunk(nil, snapshotBlocks(9)))
+	f.Add(AppendEngineSnapshotChunk(nil, snapshotBlocks(9)))
 	f.Add(chunkOf(record(digest(3), hashesOf(digest(4), msgp.AppendInt8(nil, -2))), record(msgp.AppendNil(nil), hashesOf(), msgp.AppendNil(nil))))
 	f.Add([]byte("kv\x00sgl-kv-epoch=0123\x00sgl-kv-snapshot=ab"))
 	d := NewDecoder()
-	var first, second []SnapshotBlock
+	var first, second []EngineSnapshotBlock
 	f.Fuzz(func(t *testing.T, p []byte) {
-		if hdr, err := DecodeSnapshotHeader(p); err != nil {
+		if hdr, err := DecodeEngineSnapshotHeader(p); err != nil {
 			if _, ok := err.(*Error); !ok {
 				t.Fatalf("header error %T is not a *codec.Error: %v", err, err)
 			}
 		} else {
-			again, err := DecodeSnapshotHeader(AppendSnapshotHeader(nil, &hdr))
+			again, err := DecodeEngineSnapshotHeader(AppendEngineSnapshotHeader(nil, &hdr))
 			if err != nil {
 				t.Fatalf("re-encoded header %+v does not decode: %v", hdr, err)
 			}
@@ -505,12 +505,12 @@ func FuzzSnapshot(f *testing.F) {
 			}
 		}
 		var err error
-		if first, err = d.DecodeSnapshotChunk(p, first); err != nil {
+		if first, err = d.DecodeEngineSnapshotChunk(p, first); err != nil {
 			if _, ok := err.(*Error); !ok {
 				t.Fatalf("chunk error %T is not a *codec.Error: %v", err, err)
 			}
 		} else {
-			if second, err = d.DecodeSnapshotChunk(AppendSnapshotChunk(nil, first), second); err != nil {
+			if second, err = d.DecodeEngineSnapshotChunk(AppendEngineSnapshotChunk(nil, first), second); err != nil {
 				t.Fatalf("re-encoded chunk does not decode: %v", err)
 			}
 			if len(first) != len(second) {
@@ -525,10 +525,10 @@ func FuzzSnapshot(f *testing.F) {
 		base, epoch, barrier := SplitTopic(p)
 		joined := append([]byte{}, base...)
 		if epoch != nil {
-			joined = append(append(joined, EpochTopicMarker...), epoch...)
+			joined = append(append(joined, epochTopicMarker...), epoch...)
 		}
 		if barrier != nil {
-			joined = append(append(joined, SnapshotTopicMarker...), barrier...)
+			joined = append(append(joined, snapshotTopicMarker...), barrier...)
 		}
 		if !bytes.Equal(joined, p) {
 			t.Fatalf("SplitTopic(%q) = %q, %q, %q, which do not join back", p, base, epoch, barrier)

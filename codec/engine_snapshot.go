@@ -13,26 +13,26 @@ import (
 // KVSnapshotBlock records that follow it.
 
 const (
-	// EpochTopicMarker follows the configured topic in every live message of
+	// epochTopicMarker follows the configured topic in every live message of
 	// a snapshot-capable SGLang publisher; the epoch follows it.
-	EpochTopicMarker = "\x00sgl-kv-epoch="
-	// SnapshotTopicMarker follows the epoch in the topic of a snapshot
+	epochTopicMarker = "\x00sgl-kv-epoch="
+	// snapshotTopicMarker follows the epoch in the topic of a snapshot
 	// barrier batch; the barrier id follows it.
-	SnapshotTopicMarker = "\x00sgl-kv-snapshot="
+	snapshotTopicMarker = "\x00sgl-kv-snapshot="
 
-	// SnapshotVersion is the only header version this package knows.
-	SnapshotVersion = 1
-	// SnapshotChunkRecords is the most records SGLang puts in one chunk.
-	SnapshotChunkRecords = 4096
-	// MaxSnapshotChunkRecords is the most records DecodeSnapshotChunk
+	// snapshotVersion is the only header version this package knows.
+	snapshotVersion = 1
+	// snapshotChunkRecords is the most records SGLang puts in one chunk.
+	snapshotChunkRecords = 4096
+	// maxSnapshotChunkRecords is the most records DecodeSnapshotChunk
 	// accepts in one chunk: 16 times what SGLang sends, room for a provider
 	// that chunks more coarsely, and still a bound against a corrupt length.
-	MaxSnapshotChunkRecords = 1 << 16
+	maxSnapshotChunkRecords = 1 << 16
 )
 
 var (
-	epochMarker    = []byte(EpochTopicMarker)
-	snapshotMarker = []byte(SnapshotTopicMarker)
+	epochMarker    = []byte(epochTopicMarker)
+	snapshotMarker = []byte(snapshotTopicMarker)
 )
 
 // SplitTopic splits a live topic frame, topic + EpochTopicMarker + epoch
@@ -54,10 +54,10 @@ func SplitTopic(topic []byte) (base []byte, epoch []byte, snapshotID []byte) {
 	return base, rest[:j], rest[j+len(snapshotMarker):]
 }
 
-// SnapshotHeader is KVSnapshotHeader, the first reply of a snapshot:
+// EngineSnapshotHeader is KVSnapshotHeader, the first reply of a snapshot:
 // the state that follows is the engine's as of the live batch BarrierSeq
 // (whose topic carries BarrierID), and live batches resume at ResumeSeq.
-type SnapshotHeader struct {
+type EngineSnapshotHeader struct {
 	Version     int
 	Epoch       string
 	ReplicaRank int
@@ -67,9 +67,9 @@ type SnapshotHeader struct {
 	RecordCount int // records in all the chunks that follow
 }
 
-// SnapshotBlock is one KVSnapshotBlock record: a chain of engine block
+// EngineSnapshotBlock is one KVSnapshotBlock record: a chain of engine block
 // hashes (one today) under Parent, or a root when HasParent is false.
-type SnapshotBlock struct {
+type EngineSnapshotBlock struct {
 	Parent    uint64
 	HasParent bool
 	Hashes    []uint64
@@ -78,20 +78,20 @@ type SnapshotBlock struct {
 // snapshotHeaderFields names the header's slots, in order.
 var snapshotHeaderFields = [...]string{"version", "epoch", "replica_rank", "resume_seq", "barrier_seq", "barrier_id", "record_count"}
 
-// DecodeSnapshotHeader decodes the payload of a snapshot's "header" reply,
+// DecodeEngineSnapshotHeader decodes the payload of a snapshot's "header" reply,
 // the array [version, epoch, replica_rank, resume_seq, barrier_seq,
 // barrier_id, record_count]. Slots past these seven (a newer version) are
 // skipped; a version other than 1 is an error. Errors are *Error with
 // Event -1.
-func DecodeSnapshotHeader(p []byte) (SnapshotHeader, error) {
-	var h SnapshotHeader
+func DecodeEngineSnapshotHeader(p []byte) (EngineSnapshotHeader, error) {
+	var h EngineSnapshotHeader
 	n, rest, err := msgp.ReadArrayHeaderBytes(p)
 	if err != nil {
-		return SnapshotHeader{}, fieldErr("snapshot header", err, p)
+		return EngineSnapshotHeader{}, fieldErr("snapshot header", err, p)
 	}
 	p = rest
 	if n < uint32(len(snapshotHeaderFields)) {
-		return SnapshotHeader{}, &Error{Event: -1, Field: "snapshot header",
+		return EngineSnapshotHeader{}, &Error{Event: -1, Field: "snapshot header",
 			Msg: fmt.Sprintf("array of %d elements, want at least %d (version, epoch, replica_rank, resume_seq, barrier_seq, barrier_id, record_count)",
 				n, len(snapshotHeaderFields))}
 	}
@@ -100,9 +100,9 @@ func DecodeSnapshotHeader(p []byte) (SnapshotHeader, error) {
 		switch i {
 		case 0:
 			var v int64
-			if v, p, err = readInt(p); err == nil && v != SnapshotVersion {
-				return SnapshotHeader{}, &Error{Event: -1, Field: "snapshot version",
-					Msg: fmt.Sprintf("version %d, want %d: only snapshot-v1 is known", v, SnapshotVersion)}
+			if v, p, err = readInt(p); err == nil && v != snapshotVersion {
+				return EngineSnapshotHeader{}, &Error{Event: -1, Field: "snapshot version",
+					Msg: fmt.Sprintf("version %d, want %d: only snapshot-v1 is known", v, snapshotVersion)}
 			}
 			h.Version = int(v)
 		case 1:
@@ -133,11 +133,11 @@ func DecodeSnapshotHeader(p []byte) (SnapshotHeader, error) {
 			if int(i) < len(snapshotHeaderFields) {
 				name = "snapshot " + snapshotHeaderFields[i]
 			}
-			return SnapshotHeader{}, fieldErr(name, err, start)
+			return EngineSnapshotHeader{}, fieldErr(name, err, start)
 		}
 	}
 	if len(p) != 0 {
-		return SnapshotHeader{}, &Error{Event: -1, Field: "snapshot header", Msg: fmt.Sprintf("%d trailing bytes after the header", len(p))}
+		return EngineSnapshotHeader{}, &Error{Event: -1, Field: "snapshot header", Msg: fmt.Sprintf("%d trailing bytes after the header", len(p))}
 	}
 	return h, nil
 }
@@ -171,7 +171,7 @@ func readSeq(p []byte) (uint64, []byte, error) {
 	return v, rest, nil
 }
 
-// DecodeSnapshotChunk decodes the payload of a snapshot's "chunk" reply, an
+// DecodeEngineSnapshotChunk decodes the payload of a snapshot's "chunk" reply, an
 // array of at most MaxSnapshotChunkRecords records [parent_block_hash
 // (int or nil), block_hashes (at most Limits.MaxBlocks)], into dst[:0],
 // reusing dst's storage and each element's Hashes: in steady state it
@@ -181,21 +181,21 @@ func readSeq(p []byte) (uint64, []byte, error) {
 // skipped. The returned records are valid until the next decode into the
 // same storage. On error it returns dst[:0] and an *Error whose Event is the
 // failing record's index (-1 for the chunk itself).
-func (d *Decoder) DecodeSnapshotChunk(p []byte, dst []SnapshotBlock) ([]SnapshotBlock, error) {
+func (d *Decoder) DecodeEngineSnapshotChunk(p []byte, dst []EngineSnapshotBlock) ([]EngineSnapshotBlock, error) {
 	dst = dst[:0]
-	n, p, err := readArrayHeader(p, MaxSnapshotChunkRecords)
+	n, p, err := readArrayHeader(p, maxSnapshotChunkRecords)
 	if err != nil {
 		return dst, fieldErr("snapshot chunk", err, p)
 	}
 	if cap(dst) < int(n) { // grow once, keeping the old elements' Hashes for reuse
-		grown := make([]SnapshotBlock, 0, n)
+		grown := make([]EngineSnapshotBlock, 0, n)
 		dst = append(grown, dst[:cap(dst)]...)[:0]
 	}
 	for i := 0; i < int(n); i++ {
 		if len(dst) < cap(dst) {
 			dst = dst[:len(dst)+1]
 		} else {
-			dst = append(dst, SnapshotBlock{})
+			dst = append(dst, EngineSnapshotBlock{})
 		}
 		blk := &dst[len(dst)-1]
 		blk.Parent, blk.HasParent = 0, false
@@ -214,7 +214,7 @@ func (d *Decoder) DecodeSnapshotChunk(p []byte, dst []SnapshotBlock) ([]Snapshot
 	return dst, nil
 }
 
-func (d *Decoder) decodeSnapshotBlock(p []byte, blk *SnapshotBlock) ([]byte, error) {
+func (d *Decoder) decodeSnapshotBlock(p []byte, blk *EngineSnapshotBlock) ([]byte, error) {
 	if len(p) == 0 {
 		return p, msgp.ErrShortBytes
 	}
@@ -249,7 +249,7 @@ func (d *Decoder) decodeSnapshotBlock(p []byte, blk *SnapshotBlock) ([]byte, err
 	return p, nil
 }
 
-func (d *Decoder) readSnapshotHashes(p []byte, blk *SnapshotBlock) ([]byte, error) {
+func (d *Decoder) readSnapshotHashes(p []byte, blk *EngineSnapshotBlock) ([]byte, error) {
 	n, p, err := readArrayHeader(p, d.limits().MaxBlocks)
 	if err != nil {
 		return p, err
@@ -267,9 +267,9 @@ func (d *Decoder) readSnapshotHashes(p []byte, blk *SnapshotBlock) ([]byte, erro
 	return p, nil
 }
 
-// AppendSnapshotHeader appends h as SGLang encodes a KVSnapshotHeader (a
+// AppendEngineSnapshotHeader appends h as SGLang encodes a KVSnapshotHeader (a
 // 7-element array, strings as str), whatever h.Version holds.
-func AppendSnapshotHeader(dst []byte, h *SnapshotHeader) []byte {
+func AppendEngineSnapshotHeader(dst []byte, h *EngineSnapshotHeader) []byte {
 	dst = msgp.AppendArrayHeader(dst, uint32(len(snapshotHeaderFields)))
 	dst = msgp.AppendInt(dst, h.Version)
 	dst = msgp.AppendString(dst, h.Epoch)
@@ -280,9 +280,9 @@ func AppendSnapshotHeader(dst []byte, h *SnapshotHeader) []byte {
 	return msgp.AppendInt(dst, h.RecordCount)
 }
 
-// AppendSnapshotChunk appends blocks as SGLang encodes a
+// AppendEngineSnapshotChunk appends blocks as SGLang encodes a
 // list[KVSnapshotBlock]: hashes as signed int64, a missing parent as nil.
-func AppendSnapshotChunk(dst []byte, blocks []SnapshotBlock) []byte {
+func AppendEngineSnapshotChunk(dst []byte, blocks []EngineSnapshotBlock) []byte {
 	dst = msgp.AppendArrayHeader(dst, uint32(len(blocks)))
 	for i := range blocks {
 		b := &blocks[i]
@@ -300,10 +300,10 @@ func AppendSnapshotChunk(dst []byte, blocks []SnapshotBlock) []byte {
 	return dst
 }
 
-// SnapshotRecords reads how many records a chunk holds from its array
+// EngineSnapshotRecords reads how many records a chunk holds from its array
 // header alone, so a client can check a snapshot against its header's
 // record count without decoding it.
-func SnapshotRecords(chunk []byte) (int, error) {
+func EngineSnapshotRecords(chunk []byte) (int, error) {
 	n, _, err := msgp.ReadArrayHeaderBytes(chunk)
 	if err != nil {
 		return 0, fieldErr("snapshot chunk", err, chunk)

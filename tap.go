@@ -1,0 +1,61 @@
+package kvpipe
+
+import (
+	"context"
+
+	"github.com/kvpipe/kvpipe/actor"
+	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/snapshot"
+	"github.com/kvpipe/kvpipe/wire"
+)
+
+// republishPart bounds the ops of one part Republish hands the Tap: a
+// shard batch's size, as the actor's own batches.
+const republishPart = 256
+
+// tapped is a worker's side of its Tap, in the worker's goroutine: where
+// the ops being made come from, and the position the Tap last returned
+// (or the restored snapshot's), which the worker's saved state keeps.
+type tapped struct {
+	tap       Tap // nil without one
+	ctx       context.Context
+	name      string
+	a         *actor.Actor
+	origin    Origin
+	streamSeq uint64
+}
+
+// ops hands the Tap one batch of the actor's ops (actor.Config.Tap).
+func (t *tapped) ops(ops []index.Op) {
+	o := t.origin
+	o.Partial = t.a.Partial()
+	t.streamSeq = t.tap.Ops(t.ctx, t.name, ops, o)
+	t.origin.Part++
+}
+
+// republish hands the Tap the worker's whole state, and nothing to the
+// shard, which has it: a clear, then a store of every block in each tier
+// it is indexed in, in parts, partial until the last. scratch is reused.
+func (t *tapped) republish(scratch *snapshot.Worker) {
+	t.a.Export(scratch)
+	ops := make([]index.Op, 1, 1+scratch.OpCount()) // rare: not worth a buffer kept
+	ops[0] = index.Op{Kind: index.OpClearWorker}
+	for ops := scratch.AppendOps(ops); len(ops) > 0; {
+		n := min(len(ops), republishPart)
+		o := Origin{Whole: true, Partial: scratch.Partial || n < len(ops)}
+		t.streamSeq = t.tap.Ops(t.ctx, t.name, ops[:n], o)
+		ops = ops[n:]
+	}
+}
+
+// tappedHandler marks the ops an engine batch makes with its origin.
+type tappedHandler struct {
+	wire.Handler
+	t *tapped
+}
+
+func (h tappedHandler) HandleBatch(seq uint64, payload []byte) {
+	h.t.origin = Origin{Batch: true, Seq: seq, Fingerprint: wire.Fingerprint(payload)}
+	defer func() { h.t.origin = Origin{} }() // what follows is of no engine batch, until the next one
+	h.Handler.HandleBatch(seq, payload)
+}
