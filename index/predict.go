@@ -166,5 +166,10 @@ func (s *Shards) Predict(w WorkerID, b *predict.Batch) {
 // Sweep ends, in every shard, the predictions due by now, and returns once
 // they are. Like Sync's, its calls must end before Close.
 func (s *Shards) Sweep(ctx context.Context, now time.Time) error {
-	return s.mark(ctx, &Batch{sweep: now.UnixNano()})
+	for _, sh := range s.shards {
+		if sh.preds.any.Load() {
+			return s.mark(ctx, &Batch{sweep: now.UnixNano()})
+		}
+	}
+	return nil // no prediction anywhere: no marker through the queues
 }
