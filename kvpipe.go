@@ -113,9 +113,11 @@ type WorkerConfig struct {
 	// is learned from its events (bigram token ids) in any case; this sets
 	// it before the first one.
 	Eagle bool
-	// CacheBlocks is the engine's cache size in router blocks: an
-	// approximate worker's predictions are an LRU of that many (default
-	// Config.MaxWorkerPredictions). Ignored for a worker with an Endpoint.
+	// CacheBlocks is the engine's cache size in router blocks, which caps
+	// the worker's predictions (Pipeline.Routed): no more of a prompt than
+	// the engine can hold is claimed. An approximate worker's predictions
+	// are an LRU of that many (default Config.MaxWorkerPredictions); a
+	// worker with events keeps the smaller of it and MaxWorkerPredictions.
 	CacheBlocks int
 }
 

@@ -62,9 +62,11 @@ func (p *Pipeline) Routed(worker string, keys []uint64) error {
 	if w == nil {
 		return fmt.Errorf("%w: %q", ErrNoWorker, worker)
 	}
-	ttl, limit := p.cfg.PredictionTTL, p.cfg.MaxWorkerPredictions
+	ttl, limit := p.cfg.PredictionTTL, w.cacheBlocks
 	if w.approx {
-		ttl, limit = p.cfg.ApproximateTTL, w.cacheBlocks
+		ttl = p.cfg.ApproximateTTL
+	} else if w.fed != nil {
+		limit = p.cfg.MaxWorkerPredictions // no WorkerConfig
 	}
 	shards := p.read.shards.Load()
 	switch {

@@ -226,14 +226,26 @@ func TestPredictionCaps(t *testing.T) {
 	if got := predicted(t, p, b); got["approx"] != [2]int{0, 5} || got["evented"] != [2]int{0, 5} {
 		t.Fatalf("newer prompt: %v, want 5 for both", got)
 	}
+	// An evented worker whose engine's cache is smaller than the cap is
+	// claimed no more of a prompt than it can hold: the leading blocks.
+	if err := p.AddWorker("small", WorkerConfig{Endpoint: freeTCP(t), CacheBlocks: 3}); err != nil {
+		t.Fatal(err)
+	}
+	routed(t, p, "small", a)
+	if got := predicted(t, p, a); got["small"] != [2]int{0, 3} {
+		t.Fatalf("an engine of 3 blocks: %v, want 3 predicted", got)
+	}
+	if err := p.AddWorker("bad", WorkerConfig{CacheBlocks: -1}); err == nil {
+		t.Error("a negative CacheBlocks: no error")
+	}
 	st := p.Stats()
 	for w, want := range map[string]uint64{"approx": 2, "evented": 4} {
 		if ws, _ := st.Worker(w); ws.Predictions.Dropped != want || ws.Predictions.Live != int64(10-want) {
 			t.Errorf("%s: %+v, want %d dropped", w, ws.Predictions, want)
 		}
 	}
-	if tot := st.Total().Predictions; tot.Dropped != 6 || tot.Live != 14 {
-		t.Errorf("total %+v, want 6 dropped, 14 live", tot)
+	if tot := st.Total().Predictions; tot.Dropped != 8 || tot.Live != 17 {
+		t.Errorf("total %+v, want 8 dropped, 17 live", tot)
 	}
 }
 

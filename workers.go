@@ -33,9 +33,9 @@ type worker struct {
 	eagleCfg bool   // WorkerConfig.Eagle: the mode until its actor runs
 	tap      tapped // in its goroutine only
 	// approx: no Endpoint, so no subscriber, actor nor goroutine: only
-	// predictions, an LRU of cacheBlocks.
+	// predictions.
 	approx      bool
-	cacheBlocks int
+	cacheBlocks int            // the cap on its predictions
 	preds       predict.Counts // kept by its shard
 }
 
@@ -105,10 +105,12 @@ func (p *Pipeline) AddWorker(name string, wc WorkerConfig) error {
 // newWorker makes the worker of wc, of that id: an approximate one without
 // an Endpoint, else one with its subscriber.
 func newWorker(cfg *Config, id index.WorkerID, name string, wc WorkerConfig) (*worker, error) {
-	if wc.Endpoint == "" {
-		if wc.ReplayEndpoint != "" || wc.SnapshotEndpoint != "" || wc.CacheBlocks < 0 {
-			return nil, fmt.Errorf("kvpipe: worker %q: an approximate worker (no Endpoint) has no replay nor snapshot endpoint, and CacheBlocks must not be negative", name)
-		}
+	switch {
+	case wc.CacheBlocks < 0:
+		return nil, fmt.Errorf("kvpipe: worker %q: CacheBlocks must not be negative, got %d", name, wc.CacheBlocks)
+	case wc.Endpoint == "" && (wc.ReplayEndpoint != "" || wc.SnapshotEndpoint != ""):
+		return nil, fmt.Errorf("kvpipe: worker %q: an approximate worker (no Endpoint) has no replay nor snapshot endpoint", name)
+	case wc.Endpoint == "":
 		return &worker{name: name, id: id, eagleCfg: wc.Eagle, approx: true,
 			cacheBlocks: conf.Or(wc.CacheBlocks, cfg.MaxWorkerPredictions)}, nil
 	}
@@ -119,7 +121,8 @@ func newWorker(cfg *Config, id index.WorkerID, name string, wc WorkerConfig) (*w
 	if err != nil {
 		return nil, fmt.Errorf("kvpipe: worker %q: %w", name, err)
 	}
-	return &worker{name: name, id: id, sub: sub, eagleCfg: wc.Eagle}, nil
+	return &worker{name: name, id: id, sub: sub, eagleCfg: wc.Eagle,
+		cacheBlocks: min(conf.Or(wc.CacheBlocks, cfg.MaxWorkerPredictions), cfg.MaxWorkerPredictions)}, nil
 }
 
 // RemoveWorker stops a worker and frees its index entries. The worker leaves

@@ -383,7 +383,7 @@ func startRouter(ctx context.Context, o options, engines []*engine, reg promethe
 		// EAGLE is known in advance here; without it the worker's mode is
 		// learned from its first bigram event.
 		wc := kvpipe.WorkerConfig{Endpoint: "tcp://" + e.pub.Addr(), ReplayEndpoint: "tcp://" + e.pub.ReplayAddr(),
-			Eagle: e.cache.Options().Eagle}
+			Eagle: e.cache.Options().Eagle, CacheBlocks: o.capacity}
 		if o.approximate { // no events: an LRU of its cache's size, of the router's own decisions
 			wc = kvpipe.WorkerConfig{CacheBlocks: o.capacity, Eagle: wc.Eagle}
 		}
