@@ -14,7 +14,7 @@ import (
 // requests on that adapter.
 func TestMatchesByTierAndAdapter(t *testing.T) {
 	e := newEngine(t)
-	p := startPipeline(t, Config{Shards: 2, TierWeights: index.Weights{1, 0.5, 0.25, 0.125}})
+	p := startPipeline(t, Config{Shards: 2, TierWeights: Weights{1, 0.5, 0.25, 0.125}})
 	if err := p.AddWorker("w", WorkerConfig{Endpoint: e.ep, ReplayEndpoint: e.replay}); err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func TestMatchesByTierAndAdapter(t *testing.T) {
 }
 
 func TestTierWeightsAreChecked(t *testing.T) {
-	for _, w := range []index.Weights{{0, 1, 1, 1}, {1, -0.5, 0, 0}, {1, math.Inf(1), 0, 0}, {1, 0, math.NaN(), 0}} {
+	for _, w := range []Weights{{0, 1, 1, 1}, {1, -0.5, 0, 0}, {1, math.Inf(1), 0, 0}, {1, 0, math.NaN(), 0}} {
 		if _, err := New(Config{BlockSize: 16, TierWeights: w}); err == nil {
 			t.Errorf("New accepted TierWeights %v", w)
 		}

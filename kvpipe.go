@@ -124,21 +124,27 @@ type WorkerConfig struct {
 // SubscriberOptions tune every worker's subscriber (Config.Subscriber).
 type SubscriberOptions = wire.Options
 
-// Weights are per-tier weights (Config.TierWeights).
-type Weights = index.Weights
+// Weights are what one block is worth to a request per tier it must be
+// read from (Config.TierWeights), indexed by Tier.
+type Weights [index.NumTiers]float64
 
-// DefaultWeights are the tier weights a zero Config.TierWeights means.
-var DefaultWeights = index.DefaultWeights
+// DefaultWeights are the tier weights a zero Config.TierWeights means: a
+// device block counts 1, a host block 0.8, a disk block 0.5 and a remote
+// one 0.3, as they must be loaded into device memory first.
+var DefaultWeights = Weights(index.DefaultWeights)
 
-// Tier is a storage tier: device, host, disk or remote.
-type Tier = index.Tier
+// Tier is a storage tier: device, host, disk or remote. Match.Tiers and
+// Weights are indexed by it.
+type Tier uint8
 
 const (
-	TierDevice = index.TierDevice // accelerator memory
-	TierHost   = index.TierHost   // host memory (CPU offload)
-	TierDisk   = index.TierDisk   // local disk
-	TierRemote = index.TierRemote // a shared or remote pool
+	TierDevice = Tier(index.TierDevice) // accelerator memory
+	TierHost   = Tier(index.TierHost)   // host memory (CPU offload)
+	TierDisk   = Tier(index.TierDisk)   // local disk
+	TierRemote = Tier(index.TierRemote) // a shared or remote pool
 )
+
+func (t Tier) String() string { return index.Tier(t).String() }
 
 var (
 	// ErrClosed is returned once the pipeline has been shut down.

@@ -213,7 +213,7 @@ func (r *readPath) appendKind(ctx context.Context, shards *index.Shards, dst []M
 		// clear not yet queued).
 		if w, ok := names[sc.Worker]; ok && w.eagle() == eagle && !w.stale() {
 			dst = append(dst, Match{Worker: w.name, Blocks: sc.Blocks, Predicted: max(sc.Blocks, sc.Predicted), Tiers: sc.Tiers,
-				Score: sc.Weighted(r.weights), Partial: w.partial(), Eagle: eagle})
+				Score: sc.Weighted(index.Weights(r.weights)), Partial: w.partial(), Eagle: eagle})
 		}
 	}
 	return dst, nil
