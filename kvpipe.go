@@ -48,6 +48,18 @@ type Config struct {
 	// worker's new blocks are refused (filtered as block_cap) and it is
 	// partial until its engine clears its cache.
 	MaxWorkerBlocks int
+	// PredictionTTL is how long the blocks of a request the router says it
+	// sent to a worker with events (Pipeline.Routed) count as predicted
+	// there, unless its events confirm or end them first (default 10s,
+	// see defaultPredictionTTL; negative: such workers get no predictions).
+	PredictionTTL time.Duration
+	// ApproximateTTL is PredictionTTL for approximate workers, those with
+	// no Endpoint, whose predictions nothing confirms (default 120s).
+	ApproximateTTL time.Duration
+	// MaxWorkerPredictions caps the predicted blocks of a worker with
+	// events (default 131,072, some 8 MiB): past it the least recently
+	// predicted end, counted as dropped.
+	MaxWorkerPredictions int
 	// Subscriber tunes every worker's subscriber (timeouts, backoff, replay
 	// buffer, limits); the zero value holds the defaults.
 	Subscriber SubscriberOptions
@@ -86,7 +98,10 @@ const (
 
 // WorkerConfig is one engine's connection.
 type WorkerConfig struct {
-	Endpoint       string // its KV-events PUB, e.g. tcp://10.0.0.5:5557
+	// Endpoint is its KV-events PUB, e.g. tcp://10.0.0.5:5557. A worker
+	// without one is approximate: an engine that publishes no events, of
+	// which the pipeline knows only what Pipeline.Routed tells it.
+	Endpoint       string
 	ReplayEndpoint string // its replay ROUTER; "" when it has none
 	// SnapshotEndpoint is its snapshot ROUTER (SGLang's snapshot_endpoint),
 	// from which the worker is rebuilt after a loss; "" when it has none.
@@ -98,6 +113,12 @@ type WorkerConfig struct {
 	// is learned from its events (bigram token ids) in any case; this sets
 	// it before the first one.
 	Eagle bool
+	// CacheBlocks is the engine's cache size in router blocks, which caps
+	// the worker's predictions (Pipeline.Routed): no more of a prompt than
+	// the engine can hold is claimed. An approximate worker's predictions
+	// are an LRU of that many (default Config.MaxWorkerPredictions); a
+	// worker with events keeps the smaller of it and MaxWorkerPredictions.
+	CacheBlocks int
 }
 
 // SubscriberOptions tune every worker's subscriber (Config.Subscriber).

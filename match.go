@@ -10,10 +10,17 @@ import (
 	"github.com/kvpipe/kvpipe/index"
 )
 
-// Match is one worker's overlap with a request: its leading blocks cached.
+// Match is one worker's overlap with a request: its leading blocks cached,
+// and those predicted (Pipeline.Routed).
 type Match struct {
 	Worker string
 	Blocks int // leading blocks on device
+	// Predicted is how many leading blocks the worker holds on device or
+	// is predicted to (its Blocks, and the blocks predicted right after
+	// them): Predicted - Blocks are claims no event has confirmed yet. It
+	// is Blocks for a worker with no predictions; an approximate worker's
+	// Blocks are always 0.
+	Predicted int
 	// Tiers[t] is how many leading blocks the worker holds each in tier t or
 	// a faster one: Tiers[TierDevice] is Blocks, Tiers[TierRemote] is how
 	// far the prefix reaches in any tier.
@@ -78,8 +85,8 @@ func (h *Hasher) EagleKeys(dst []uint64, r *Request, blockSize int) []uint64 {
 }
 
 // FindMatches hashes a base-model request's tokens into router blocks and
-// returns, for every worker holding its first block, how many leading
-// blocks it holds. Workers keyed over EAGLE windows are matched with the
+// returns, for every worker holding its first block (or predicted to),
+// how many leading blocks it holds. Workers keyed over EAGLE windows are matched with the
 // prompt's EAGLE keys, the others with its plain keys: one hashing pass
 // for each kind of worker the pipeline has.
 func (p *Pipeline) FindMatches(ctx context.Context, tokens []uint32) ([]Match, error) {
@@ -181,6 +188,7 @@ type readPath struct {
 	shards  atomic.Pointer[index.Shards]
 	names   atomic.Pointer[map[index.WorkerID]*worker]
 	list    atomic.Pointer[[]*worker]
+	byName  atomic.Pointer[map[string]*worker]
 	scores  sync.Pool // *[]index.Score: the scratch of a match
 	weights Weights
 	latency latency // FindMatches' durations, for metrics
@@ -204,8 +212,8 @@ func (r *readPath) appendKind(ctx context.Context, shards *index.Shards, dst []M
 		// kind, and one whose entries may be stale (a batch dropped, its
 		// clear not yet queued).
 		if w, ok := names[sc.Worker]; ok && w.eagle() == eagle && !w.stale() {
-			dst = append(dst, Match{Worker: w.name, Blocks: sc.Blocks, Tiers: sc.Tiers, Score: sc.Weighted(index.Weights(r.weights)),
-				Partial: w.partial(), Eagle: eagle})
+			dst = append(dst, Match{Worker: w.name, Blocks: sc.Blocks, Predicted: max(sc.Blocks, sc.Predicted), Tiers: sc.Tiers,
+				Score: sc.Weighted(index.Weights(r.weights)), Partial: w.partial(), Eagle: eagle})
 		}
 	}
 	return dst, nil

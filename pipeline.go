@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/conf"
@@ -46,6 +48,8 @@ type Pipeline struct {
 	wrap func(wire.Handler) wire.Handler
 	// restored holds the snapshot's workers not yet started (Restore).
 	restored map[string]*snapshot.Worker
+	// now is the predictions' clock (time.Now; tests set their own).
+	now func() time.Time
 	// leaving: workers being removed, whose names cannot be taken again
 	// until their removal is queued (and tapped) behind their last ops.
 	leaving map[string]bool
@@ -73,6 +77,7 @@ func New(cfg Config) (*Pipeline, error) {
 		leaving: make(map[string]bool),
 		stop:    make(chan struct{}),
 		stopped: make(chan struct{}),
+		now:     time.Now,
 	}
 	p.read.scores.New = func() any { return new([]index.Score) }
 	p.read.weights = cfg.TierWeights
@@ -87,8 +92,8 @@ func (c *Config) check() error {
 		return fmt.Errorf("kvpipe: BlockSize must be positive, got %d", c.BlockSize)
 	case c.Shards < 0:
 		return fmt.Errorf("kvpipe: Shards must not be negative, got %d", c.Shards)
-	case c.ShardQueue < 0 || c.MaxWorkerBlocks < 0:
-		return fmt.Errorf("kvpipe: ShardQueue and MaxWorkerBlocks must not be negative")
+	case c.ShardQueue < 0 || c.MaxWorkerBlocks < 0 || c.MaxWorkerPredictions < 0 || c.ApproximateTTL < 0:
+		return fmt.Errorf("kvpipe: ShardQueue, MaxWorkerBlocks, MaxWorkerPredictions and ApproximateTTL must not be negative")
 	case c.RemovalTimeout < 0 || c.RestartMin < 0 || c.RestartMax < 0:
 		return fmt.Errorf("kvpipe: RemovalTimeout, RestartMin and RestartMax must not be negative")
 	case c.Backpressure != Block && c.Backpressure != Drop:
@@ -109,6 +114,9 @@ func (c *Config) check() error {
 	c.Shards = conf.Or(c.Shards, 2)
 	c.ShardQueue = conf.Or(c.ShardQueue, 256)
 	c.RemovalTimeout = conf.Or(c.RemovalTimeout, defaultRemovalTimeout)
+	c.PredictionTTL = conf.Or(c.PredictionTTL, defaultPredictionTTL)
+	c.ApproximateTTL = conf.Or(c.ApproximateTTL, defaultApproximateTTL)
+	c.MaxWorkerPredictions = conf.Or(c.MaxWorkerPredictions, defaultMaxPredictions)
 	c.Logger = conf.Or(c.Logger, slog.New(slog.DiscardHandler))
 	return nil
 }
@@ -170,8 +178,11 @@ func (p *Pipeline) begin(ctx context.Context) (*index.Shards, error) {
 	p.group = supervisor.New(p.runCtx, supervisor.Config{RestartMin: p.cfg.RestartMin, RestartMax: p.cfg.RestartMax, Logger: p.cfg.Logger})
 	p.phase = running
 	for _, w := range p.workers {
-		p.start(w)
+		if !w.approx {
+			p.start(w)
+		}
 	}
+	p.group.Go(supervisor.Member{Name: "predictions", Run: func(ctx context.Context) error { return sweep(ctx, shards, sweepInterval(&p.cfg), p.now) }})
 	if src := p.cfg.Source; src != nil {
 		f := &Feed{p: p}
 		p.group.Go(supervisor.Member{Name: "source", Run: func(ctx context.Context) error { return src.Run(ctx, f) }})
@@ -214,6 +225,8 @@ func (p *Pipeline) publish() {
 		list = append(list, w)
 	}
 	slices.SortFunc(list, func(a, b *worker) int { return strings.Compare(a.name, b.name) })
+	byName := maps.Clone(p.workers)
 	p.read.names.Store(&names)
 	p.read.list.Store(&list)
+	p.read.byName.Store(&byName)
 }

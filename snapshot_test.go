@@ -435,7 +435,7 @@ func TestRepublishAndFlush(t *testing.T) {
 			t.Fatal("nothing published")
 		}
 	}
-	if err := p.Republish(context.Background(), "a"); err != nil {
+	if err := Republish(context.Background(), p, "a"); err != nil {
 		t.Fatal(err)
 	}
 	c := <-calls
@@ -449,7 +449,7 @@ func TestRepublishAndFlush(t *testing.T) {
 	if c.ops[0].Kind != index.OpClearWorker || !slices.Equal(got, want) || !c.o.Whole || c.o.Partial {
 		t.Errorf("republished %+v (%+v), want a clear then the stores of %v, whole and not partial", c.ops, c.o, keys)
 	}
-	if err := p.Republish(context.Background(), "nobody"); !errors.Is(err, ErrNoWorker) {
+	if err := Republish(context.Background(), p, "nobody"); !errors.Is(err, ErrNoWorker) {
 		t.Errorf("Republish of an unknown worker: %v, want ErrNoWorker", err)
 	}
 	var snap snapshot.Snapshot

@@ -159,13 +159,14 @@ func (w *worker) capture(ctx context.Context, tap Tap, ws *snapshot.Worker) (boo
 	return taken, nil
 }
 
-// Republish makes a worker hand the Tap its whole state again, from its
-// own goroutine: a clear, then a store of every block it is indexed in, in
-// parts of a shard batch's size. A relay whose stream
-// holds a worker's messages out of order starts a true copy again from
-// there, and the worker stays whole. It returns once the parts are
-// tapped, or with ctx's error.
-func (p *Pipeline) Republish(ctx context.Context, name string) error {
+// Republish makes p's worker name hand the Tap its whole state again, from
+// its own goroutine: a clear, then a store of every block it is indexed
+// in, in parts of a shard batch's size. A relay whose
+// stream holds a worker's messages out of order starts a true copy again
+// from there, and the worker stays whole. It returns once the parts are
+// tapped, or with ctx's error. (A function, not a method: the relay's
+// alone needs it, and Pipeline keeps to the router's methods.)
+func Republish(ctx context.Context, p *Pipeline, name string) error {
 	if p.cfg.Tap == nil {
 		return errors.New("kvpipe: Republish needs a Tap")
 	}

@@ -19,6 +19,9 @@ type WorkerStats struct {
 	Wire     wire.Stats
 	Actor    actor.Stats
 	Restarts uint64 // goroutine restarts after a panic
+	// Approximate: the worker has no Endpoint; only predictions.
+	Approximate bool
+	Predictions PredictionStats // of its blocks predicted (Pipeline.Routed)
 }
 
 // ShardStats are one shard's state.
@@ -36,6 +39,7 @@ func (s Stats) Total() WorkerStats {
 		t.Wire.Add(w.Wire)
 		t.Actor.Add(w.Actor)
 		t.Restarts += w.Restarts
+		t.Predictions.add(w.Predictions)
 	}
 	return t
 }
@@ -56,11 +60,16 @@ func (s Stats) Worker(name string) (WorkerStats, bool) {
 func (p *Pipeline) Stats() Stats {
 	var st Stats
 	for _, w := range *p.read.list.Load() {
-		if w.fed != nil {
-			st.Workers = append(st.Workers, WorkerStats{Name: w.name, Actor: w.fed.stats()})
+		switch {
+		case w.fed != nil:
+			st.Workers = append(st.Workers, WorkerStats{Name: w.name, Actor: w.fed.stats(), Predictions: predictionStats(&w.preds)})
+			continue
+		case w.approx:
+			st.Workers = append(st.Workers, WorkerStats{Name: w.name, Approximate: true, Predictions: predictionStats(&w.preds),
+				Actor: actor.Stats{Eagle: w.eagleCfg}})
 			continue
 		}
-		ws := WorkerStats{Name: w.name, Wire: w.sub.Stats(), Restarts: w.restarts.Load()}
+		ws := WorkerStats{Name: w.name, Wire: w.sub.Stats(), Restarts: w.restarts.Load(), Predictions: predictionStats(&w.preds)}
 		if a := w.actor.Load(); a != nil {
 			ws.Actor = a.Stats()
 		} else {

@@ -9,6 +9,8 @@ import (
 
 	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/conf"
+	"github.com/kvpipe/kvpipe/internal/predict"
 	"github.com/kvpipe/kvpipe/snapshot"
 	"github.com/kvpipe/kvpipe/supervisor"
 	"github.com/kvpipe/kvpipe/wire"
@@ -30,6 +32,11 @@ type worker struct {
 	done     <-chan struct{}
 	eagleCfg bool   // WorkerConfig.Eagle: the mode until its actor runs
 	tap      tapped // in its goroutine only
+	// approx: no Endpoint, so no subscriber, actor nor goroutine: only
+	// predictions.
+	approx      bool
+	cacheBlocks int            // the cap on its predictions
+	preds       predict.Counts // kept by its shard
 }
 
 // eagle reports whether w's blocks are keyed over EAGLE windows.
@@ -82,21 +89,40 @@ func (p *Pipeline) AddWorker(name string, wc WorkerConfig) error {
 	if p.leaving[name] {
 		return fmt.Errorf("kvpipe: worker %q is still being removed", name)
 	}
-	sub, err := wire.NewSubscriber(wire.Config{ // validates and allocates: nothing to wait for
-		Endpoint: wc.Endpoint, ReplayEndpoint: wc.ReplayEndpoint, SnapshotEndpoint: wc.SnapshotEndpoint, Topic: wc.Topic,
-		Logger: p.cfg.Logger.With("worker", name), Options: p.cfg.Subscriber,
-	})
+	w, err := newWorker(&p.cfg, p.nextID, name, wc)
 	if err != nil {
-		return fmt.Errorf("kvpipe: worker %q: %w", name, err)
+		return err
 	}
-	w := &worker{name: name, id: p.nextID, sub: sub, eagleCfg: wc.Eagle}
 	p.nextID++
 	p.workers[name] = w
-	if p.phase == running {
+	if p.phase == running && !w.approx {
 		p.start(w)
 	}
 	p.publish()
 	return nil
+}
+
+// newWorker makes the worker of wc, of that id: an approximate one without
+// an Endpoint, else one with its subscriber.
+func newWorker(cfg *Config, id index.WorkerID, name string, wc WorkerConfig) (*worker, error) {
+	switch {
+	case wc.CacheBlocks < 0:
+		return nil, fmt.Errorf("kvpipe: worker %q: CacheBlocks must not be negative, got %d", name, wc.CacheBlocks)
+	case wc.Endpoint == "" && (wc.ReplayEndpoint != "" || wc.SnapshotEndpoint != ""):
+		return nil, fmt.Errorf("kvpipe: worker %q: an approximate worker (no Endpoint) has no replay nor snapshot endpoint", name)
+	case wc.Endpoint == "":
+		return &worker{name: name, id: id, eagleCfg: wc.Eagle, approx: true,
+			cacheBlocks: conf.Or(wc.CacheBlocks, cfg.MaxWorkerPredictions)}, nil
+	}
+	sub, err := wire.NewSubscriber(wire.Config{ // validates and allocates: nothing to wait for
+		Endpoint: wc.Endpoint, ReplayEndpoint: wc.ReplayEndpoint, SnapshotEndpoint: wc.SnapshotEndpoint, Topic: wc.Topic,
+		Logger: cfg.Logger.With("worker", name), Options: cfg.Subscriber,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("kvpipe: worker %q: %w", name, err)
+	}
+	return &worker{name: name, id: id, sub: sub, eagleCfg: wc.Eagle,
+		cacheBlocks: min(conf.Or(wc.CacheBlocks, cfg.MaxWorkerPredictions), cfg.MaxWorkerPredictions)}, nil
 }
 
 // RemoveWorker stops a worker and frees its index entries. The worker leaves
@@ -122,17 +148,21 @@ func (p *Pipeline) RemoveWorker(ctx context.Context, name string) error {
 	}
 	delete(p.workers, name)
 	p.publish()
-	if w.done == nil { // never started
+	if w.done == nil && !(w.approx && p.phase == running) { // never started, nothing in a shard
 		p.mu.Unlock()
 		return nil
 	}
-	p.group.Remove(w.member())
+	if w.done != nil {
+		p.group.Remove(w.member())
+	}
 	removed := make(chan struct{})
 	shards, runCtx := p.read.shards.Load(), p.runCtx
 	p.leaving[name] = true
 	p.removing.Go(func() {
 		defer close(removed)
-		<-w.done // nothing of the worker can follow in its shard's queue, nor in a Tap
+		if w.done != nil {
+			<-w.done // nothing of the worker can follow in its shard's queue, nor in a Tap
+		}
 		p.leave(runCtx, shards, w)
 	})
 	p.mu.Unlock()
@@ -148,8 +178,8 @@ func (p *Pipeline) RemoveWorker(ctx context.Context, name string) error {
 // first: even when the pipeline is stopping, so that the stream does not
 // keep a worker that is gone, within Config.RemovalTimeout.
 func (p *Pipeline) leave(runCtx context.Context, shards *index.Shards, w *worker) {
-	ops := []index.Op{{Kind: index.OpRemoveWorker}}
-	if p.cfg.Tap != nil {
+	ops := []index.Op{{Kind: index.OpRemoveWorker}} // which ends its predictions too
+	if p.cfg.Tap != nil && !w.approx {              // a Tap never saw it
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(runCtx), p.cfg.RemovalTimeout)
 		p.cfg.Tap.Ops(ctx, w.name, ops, Origin{})
 		cancel()

@@ -14,4 +14,8 @@ type Score struct {
 	// is how far the worker's prefix reaches in any tier. A worker holding
 	// the first block only in a lower tier scores Blocks 0.
 	Tiers [NumTiers]int
+	// Predicted, for a worker with predictions (Shards.Predict), is how
+	// many leading blocks it holds on device or is predicted to: its Blocks
+	// and the keys predicted in a row after them. 0 for the others.
+	Predicted int
 }

@@ -49,7 +49,8 @@ type Batch struct {
 	// count of a worker whose ops are made elsewhere (a relay's follower),
 	// which may remove blocks it never stored here.
 	Held   *[NumTiers]atomic.Int64
-	synced chan<- struct{} // a Sync marker, not ops
+	synced chan<- struct{} // a Sync or Sweep marker, not ops
+	sweep  int64           // a Sweep marker's time, unix nanoseconds
 }
 
 // ErrClosed is returned by a Shards that has been closed.
@@ -86,8 +87,9 @@ type Shards struct {
 }
 
 type shard struct {
-	in chan *Batch
-	ix *writer
+	in    chan *Batch
+	ix    *writer
+	preds predictions
 	// Read by metrics from any goroutine; written by the shard alone.
 	nodes          [NumTiers]atomic.Int64 // per tier
 	unknownRemoves atomic.Int64
@@ -133,8 +135,10 @@ func (s *Shards) TierNodes(i int, t Tier) int64 {
 func (s *Shards) UnknownRemoves(i int) int64 { return s.shards[i].unknownRemoves.Load() }
 
 // FindMatches appends to dst the score of every worker holding at least
-// hashes[0] in some tier, sorted by Worker, as of what the shards have applied (see
-// Shards for how a batch being applied meanwhile shows). It allocates
+// hashes[0] in some tier, or predicted to (Predict), sorted by Worker, as
+// of what the shards have applied (see Shards for how a batch being
+// applied meanwhile shows). A worker's predictions are read after its
+// held blocks, key by key from the first it does not hold on device. It allocates
 // nothing when dst has room for the scores. ctx is only checked on entry:
 // the call does not block.
 //
@@ -152,7 +156,9 @@ func (s *Shards) FindMatches(ctx context.Context, dst []Score, hashes []uint64) 
 	}
 	start := len(dst)
 	for _, sh := range s.shards {
+		from := len(dst)
 		dst = sh.ix.findMatches(dst, hashes)
+		dst = sh.preds.match(dst, from, hashes)
 	}
 	slices.SortFunc(dst[start:], func(a, b Score) int { return cmp.Compare(a.Worker, b.Worker) })
 	return dst, nil
@@ -160,11 +166,17 @@ func (s *Shards) FindMatches(ctx context.Context, dst []Score, hashes []uint64) 
 
 // Sync returns once every shard has applied every batch queued before the
 // call. Like a sender's, its calls must end before Close.
-func (s *Shards) Sync(ctx context.Context) error {
+func (s *Shards) Sync(ctx context.Context) error { return s.mark(ctx, &Batch{}) }
+
+// mark queues a copy of marker in every shard and waits until each has
+// taken it.
+func (s *Shards) mark(ctx context.Context, marker *Batch) error {
 	done := make(chan struct{}, len(s.shards))
 	for _, sh := range s.shards {
+		m := *marker
+		m.synced = done
 		select {
-		case sh.in <- &Batch{synced: done}:
+		case sh.in <- &m:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -207,6 +219,9 @@ func (sh *shard) run() {
 
 func (sh *shard) apply(b *Batch) {
 	if b.synced != nil {
+		if b.sweep != 0 {
+			sh.preds.sweep(b.sweep)
+		}
 		b.synced <- struct{}{}
 		return
 	}
@@ -220,6 +235,9 @@ func (sh *shard) apply(b *Batch) {
 	}
 	if b.Held != nil {
 		sh.count(b)
+	}
+	if len(b.Ops) > 0 {
+		sh.preds.observe(b.Worker, b.Ops)
 	}
 	sh.nodes[TierDevice].Store(int64(ix.nodes()))
 	if ix.lowerSet.Load() != 0 {

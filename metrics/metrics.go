@@ -21,10 +21,10 @@ func newDesc(name, help string, typ prometheus.ValueType, labels ...string) desc
 
 // Collector turns a pipeline's Stats into metrics at every scrape.
 type Collector struct {
-	stats                                                                                             func() kvpipe.Stats
-	latency                                                                                           *prometheus.Desc
-	counters                                                                                          []workerMetric
-	events, filtered, protocol, indexed, tiers, partial, eagle, connected, queue, nodes, shardUnknown desc
+	stats                                                                                                        func() kvpipe.Stats
+	latency                                                                                                      *prometheus.Desc
+	counters                                                                                                     []workerMetric
+	events, filtered, protocol, indexed, tiers, partial, eagle, predicted, connected, queue, nodes, shardUnknown desc
 }
 
 type workerMetric struct {
@@ -70,6 +70,10 @@ func NewCollector(stats func() kvpipe.Stats) *Collector {
 	counter("block_size_warnings_total", "Blocks smaller than the router's before any full block; indexed at their own size.", func(w *kvpipe.WorkerStats) uint64 { return w.Actor.SizeWarnings })
 	counter("dropped_batches_total", "Batches dropped because the shard was behind (Drop backpressure).", func(w *kvpipe.WorkerStats) uint64 { return w.Actor.DroppedBatches })
 	counter("worker_restarts_total", "Worker goroutines restarted after a panic.", func(w *kvpipe.WorkerStats) uint64 { return w.Restarts })
+	counter("predictions_confirmed_total", "Predicted blocks (Pipeline.Routed) the engine's store confirmed.", func(w *kvpipe.WorkerStats) uint64 { return w.Predictions.Confirmed })
+	counter("predictions_ended_total", "Predicted blocks ended by a remove, a clear, a resync or the worker's removal.", func(w *kvpipe.WorkerStats) uint64 { return w.Predictions.Ended })
+	counter("predictions_expired_total", "Predicted blocks ended by their TTL.", func(w *kvpipe.WorkerStats) uint64 { return w.Predictions.Expired })
+	counter("predictions_dropped_total", "Predicted blocks evicted by the worker's cap (an approximate worker's LRU).", func(w *kvpipe.WorkerStats) uint64 { return w.Predictions.Dropped })
 	c.events = newDesc("events_received_total", "Events received, by type.", prometheus.CounterValue, "worker", "type")
 	c.filtered = newDesc("filtered_events_total", "Events not indexed, by reason.", prometheus.CounterValue, "worker", "reason")
 	c.protocol = newDesc("protocol_errors_total", "Connections closed because the peer broke ZMTP or the message size limit, by kind.", prometheus.CounterValue, "worker", "kind")
@@ -77,6 +81,7 @@ func NewCollector(stats func() kvpipe.Stats) *Collector {
 	c.tiers = newDesc("tier_blocks", "Blocks the worker holds in the index, by tier (device, host, disk, remote).", prometheus.GaugeValue, "worker", "tier")
 	c.partial = newDesc("partial", "1 while the worker's entries may lack blocks its engine holds (after a resync, or a late start).", prometheus.GaugeValue, "worker")
 	c.eagle = newDesc("eagle", "1 while the worker's blocks are keyed over EAGLE windows (SGLang bigram events, speculative decoding).", prometheus.GaugeValue, "worker")
+	c.predicted = newDesc("predicted_blocks", "Blocks predicted for the worker now (Pipeline.Routed), not yet confirmed or ended.", prometheus.GaugeValue, "worker")
 	c.connected = newDesc("connected", "1 while the worker's SUB socket is connected.", prometheus.GaugeValue, "worker")
 	c.queue = newDesc("shard_queue_depth", "Batches waiting at a shard.", prometheus.GaugeValue, "shard")
 	c.nodes = newDesc("index_nodes", "Blocks some worker of the shard holds (entries of its table).", prometheus.GaugeValue, "shard")
@@ -85,7 +90,7 @@ func NewCollector(stats func() kvpipe.Stats) *Collector {
 }
 
 func (c *Collector) all() []desc {
-	out := []desc{c.events, c.filtered, c.protocol, c.indexed, c.tiers, c.partial, c.eagle, c.connected, c.queue, c.nodes, c.shardUnknown}
+	out := []desc{c.events, c.filtered, c.protocol, c.indexed, c.tiers, c.partial, c.eagle, c.predicted, c.connected, c.queue, c.nodes, c.shardUnknown}
 	for _, m := range c.counters {
 		out = append(out, m.desc)
 	}
@@ -126,6 +131,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		emit(c.partial, gauge(w.Actor.Partial), w.Name)
 		emit(c.eagle, gauge(w.Actor.Eagle), w.Name)
+		emit(c.predicted, float64(w.Predictions.Live), w.Name)
 		emit(c.connected, gauge(w.Wire.Connected), w.Name)
 	}
 	for i, s := range snap.Shards {

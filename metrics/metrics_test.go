@@ -28,6 +28,7 @@ func TestCollectorReadsTheCountersAtScrape(t *testing.T) {
 	ws.ProtocolErrors[wire.ProtoOversize] = 3
 	ws.ReplayUnreachable = 5
 	as.Partial = true
+	snap.Workers[0].Predictions = kvpipe.PredictionStats{Live: 6, Dropped: 2}
 	want := `
 # HELP kvpipe_seq_gaps_total Jumps in seq: batches lost on the way.
 # TYPE kvpipe_seq_gaps_total counter
@@ -67,6 +68,12 @@ kvpipe_shard_queue_depth{shard="0"} 3
 	}
 	if got := labelled(t, reg, "kvpipe_protocol_errors_total", "kind", "handshake_timeout"); got != 0 {
 		t.Errorf("protocol_errors handshake_timeout = %v, want 0", got)
+	}
+	if got := labelled(t, reg, "kvpipe_predicted_blocks", "worker", "w0"); got != 6 {
+		t.Errorf("predicted_blocks = %v, want 6", got)
+	}
+	if got := labelled(t, reg, "kvpipe_predictions_dropped_total", "worker", "w0"); got != 2 {
+		t.Errorf("predictions_dropped = %v, want 2", got)
 	}
 	if got := labelled(t, reg, "kvpipe_partial", "worker", "w0"); got != 1 {
 		t.Errorf("partial = %v, want 1", got)

@@ -423,7 +423,7 @@ func (ru *run) ack(worker string, ps *pubState, e *entry) *jetstream.PubAck {
 // part handles a worker whose ops no longer follow what the stream holds
 // of it: applied after those, they would count blocks twice or miss
 // removes. The worker publishes nothing more until it is reset in the
-// stream: it publishes its whole state (Pipeline.Republish: a clear, then
+// stream: it publishes its whole state (kvpipe.Republish: a clear, then
 // every block it holds), which every router applies afresh. Should that
 // fail, it is removed (every router drops its entries) and added again,
 // to start from its engine.
@@ -440,7 +440,7 @@ func (ru *run) part(worker string, ps *pubState, why string) {
 		// Republish waits for, up to RepublishTimeout or the worker's stop.
 		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.RepublishTimeout)
 		defer cancel()
-		err := ru.p.Republish(ctx, worker)
+		err := kvpipe.Republish(ctx, ru.p, worker)
 		if err == nil {
 			r.stats.republished.Add(1)
 		}

@@ -60,6 +60,20 @@ type options struct {
 	bufferSteps int
 	// nats: through a relay and an in-process JetStream server.
 	nats bool
+	// burst > 0: every request becomes that many sharing its prompt as a
+	// new prefix, at once, replayed with and without predictions.
+	burst int
+	// prefillRate (tokens/s) models each engine's event lag: its events
+	// are published once its prefills before them and theirs are done.
+	prefillRate float64
+	// loadWeight weighs a worker's recent work against the blocks it
+	// lacks (default 1; 0.5 in burst mode).
+	loadWeight float64
+	ttl        time.Duration // PredictionTTL, in trace time (0: kvpipe's default)
+	// predict: the router tells the pipeline where it sent each request
+	// (Pipeline.Routed) and credits predicted blocks; approximate: its
+	// workers have no events, only those predictions.
+	predict, approximate bool
 }
 
 // isEagle reports whether engine i runs SGLang with EAGLE.
@@ -105,6 +119,10 @@ func main() {
 	flag.Float64Var(&o.restartAt, "restart-at", 0, "restart the router at this fraction of the trace, once from its snapshot and once without, and compare their hit rates (0: no restart)")
 	flag.IntVar(&o.bufferSteps, "buffer-steps", 1000, "batches each engine keeps for replay (a simulated batch is a whole prompt, so fewer than vLLM's 10,000)")
 	flag.Float64Var(&o.failoverAt, "failover-at", 0.5, "with --nats: stop the leading relay at this fraction of the trace, for its standby to take over (0: no failover)")
+	flag.IntVar(&o.burst, "burst", 0, "burst mode: each request becomes N requests sharing its prompt as a new prefix, at once; compares routing with predictions, without, approximate-only and random (0: off)")
+	flag.Float64Var(&o.prefillRate, "prefill-rate", 20_000, "with --burst: tokens each engine prefills per second (an 8B model on one H100, roughly), which delays its events by its queued and own prefill")
+	flag.DurationVar(&o.ttl, "prediction-ttl", 0, "with --burst: PredictionTTL in trace time (0: kvpipe's default, 10s)")
+	flag.Float64Var(&o.loadWeight, "load-weight", 0, "weight of a worker's recent work against the blocks it lacks (0: 1, or 0.5 with --burst)")
 	flag.BoolVar(&o.nats, "nats", false, "replay through a relay into an in-process NATS JetStream server, with two router replicas following its stream, and check that their indexes agree")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -126,6 +144,11 @@ type engine struct {
 	hits             hits
 	base, onAdapters claims
 	results          []sim.Result // by request; shared, each request written by its engine
+	servedBy         []int        // by request: its engine's index; shared as results is
+	idx              int
+	// lag, when set (burst mode), publishes each batch once the engine's
+	// prefills up to it are done.
+	lag *lagModel
 }
 
 // hits counts a routing's prefix hits in blocks.
@@ -160,6 +183,7 @@ func (e *engine) serve() {
 		events, res = e.cache.ServeResult(events[:0], r, tokens)
 		e.hits.add(res)
 		e.results[j.i] = res
+		e.servedBy[j.i] = e.idx
 		if e.cache.Options().LoRA && r.Lora != "" {
 			e.onAdapters.add(j, res.DeviceHits)
 		} else {
@@ -172,6 +196,10 @@ func (e *engine) serve() {
 			}
 			// The publisher keeps the payload for replay: a fresh one each time.
 			payload = codec.AppendBatch(nil, &codec.Batch{TS: float64(r.TimestampMs) / 1000, Events: events}, l)
+			if e.lag != nil {
+				e.lag.queue(payload, res, j.routedAt)
+				continue
+			}
 			e.pub.Publish(payload)
 		}
 	}
@@ -200,29 +228,45 @@ func loadTrace(o options, stderr io.Writer) ([]sim.Request, string, error) {
 	return reqs, path, err
 }
 
-func run(ctx context.Context, o options, stdout, stderr io.Writer) error {
-	if o.workers <= 0 || o.capacity <= 0 || o.blockSize <= 0 || sim.TraceBlockTokens%o.blockSize != 0 {
+// check validates o and applies its defaults.
+func (o *options) check() error {
+	switch {
+	case o.workers <= 0 || o.capacity <= 0 || o.blockSize <= 0 || sim.TraceBlockTokens%o.blockSize != 0:
 		return errors.New("--workers and --capacity must be positive, --block-size a divisor of 512")
+	case o.restartAt < 0 || o.restartAt >= 1 || o.failoverAt < 0 || o.failoverAt >= 1:
+		return errors.New("--restart-at and --failover-at must be in [0, 1)")
+	case o.restartAt > 0 && o.nats, o.burst > 0 && (o.nats || o.restartAt > 0):
+		return errors.New("--restart-at, --nats and --burst are separate runs")
 	}
 	if o.bufferSteps <= 0 {
 		o.bufferSteps = 1000
-	}
-	if o.restartAt < 0 || o.restartAt >= 1 || o.failoverAt < 0 || o.failoverAt >= 1 {
-		return errors.New("--restart-at and --failover-at must be in [0, 1)")
-	}
-	reqs, source, err := loadTrace(o, stderr)
-	if err != nil {
-		return err
-	}
-	if o.restartAt > 0 && o.nats {
-		return errors.New("--restart-at and --nats are separate runs")
 	}
 	if o.nats {
 		o.eagle = 0 // a relay's ops do not carry a worker's mode: its followers would score EAGLE workers with plain keys
 	}
 	o.eagle = min(max(o.eagle, 0), o.workers)
+	if o.loadWeight <= 0 {
+		o.loadWeight = 1
+		if o.burst > 0 {
+			o.loadWeight = 0.5 // see runBurst
+		}
+	}
+	return nil
+}
+
+func run(ctx context.Context, o options, stdout, stderr io.Writer) error {
+	if err := o.check(); err != nil {
+		return err
+	}
+	reqs, source, err := loadTrace(o, stderr)
+	if err != nil {
+		return err
+	}
 	if o.restartAt > 0 {
 		return runRestart(ctx, o, reqs, source, stdout, stderr)
+	}
+	if o.burst > 0 {
+		return runBurst(ctx, o, reqs, source, stdout, stderr)
 	}
 	if o.nats {
 		return runNATS(ctx, o, reqs, source, stdout, stderr)
@@ -262,6 +306,7 @@ func run(ctx context.Context, o options, stdout, stderr io.Writer) error {
 // startEngines starts o.workers simulated engines for a trace of n requests.
 func startEngines(o options, n int) ([]*engine, error) {
 	results := make([]sim.Result, n) // each request's, written by the engine serving it
+	servedBy := make([]int, n)
 	engines := make([]*engine, 0, o.workers)
 	for i := range o.workers {
 		pub, err := wiretest.NewPublisher(wiretest.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: o.bufferSteps})
@@ -270,7 +315,10 @@ func startEngines(o options, n int) ([]*engine, error) {
 			return nil, err
 		}
 		e := &engine{name: fmt.Sprintf("engine-%d", i), cache: sim.NewEngine(o.blockSize, o.capacity, o.engineOptions(i)...), pub: pub,
-			requests: make(chan job, 64), done: make(chan struct{}), results: results}
+			requests: make(chan job, 64), done: make(chan struct{}), results: results, servedBy: servedBy, idx: i}
+		if o.burst > 0 {
+			e.lag = newLagModel(o, pub)
+		}
 		engines = append(engines, e)
 		go e.serve()
 	}
@@ -285,6 +333,9 @@ func drainEngines(engines []*engine) {
 			close(e.requests)
 			e.requests = nil
 			<-e.done
+			if e.lag != nil {
+				e.lag.stop() // every batch published
+			}
 		}
 	}
 }
@@ -307,8 +358,13 @@ type router struct {
 // startRouter runs a Pipeline on the engines, restored from snap when it
 // is not nil, and waits until it is connected to each of them.
 func startRouter(ctx context.Context, o options, engines []*engine, reg prometheus.Registerer, snap *snapshot.Snapshot, stderr io.Writer) (*router, error) {
-	p, err := kvpipe.New(kvpipe.Config{BlockSize: o.blockSize, Shards: o.shards,
-		Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	cfg := kvpipe.Config{BlockSize: o.blockSize, Shards: o.shards,
+		Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	if o.burst > 0 { // the TTLs are of trace time too
+		cfg.PredictionTTL = time.Duration(float64(o.predictionTTL()) / o.speedup)
+		cfg.ApproximateTTL = time.Duration(float64(approximateTTL) / o.speedup)
+	}
+	p, err := kvpipe.New(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -326,15 +382,23 @@ func startRouter(ctx context.Context, o options, engines []*engine, reg promethe
 	for _, e := range engines {
 		// EAGLE is known in advance here; without it the worker's mode is
 		// learned from its first bigram event.
-		if err := p.AddWorker(e.name, kvpipe.WorkerConfig{Endpoint: "tcp://" + e.pub.Addr(), ReplayEndpoint: "tcp://" + e.pub.ReplayAddr(),
-			Eagle: e.cache.Options().Eagle}); err != nil {
+		wc := kvpipe.WorkerConfig{Endpoint: "tcp://" + e.pub.Addr(), ReplayEndpoint: "tcp://" + e.pub.ReplayAddr(),
+			Eagle: e.cache.Options().Eagle, CacheBlocks: o.capacity}
+		if o.approximate { // no events: an LRU of its cache's size, of the router's own decisions
+			wc = kvpipe.WorkerConfig{CacheBlocks: o.capacity, Eagle: wc.Eagle}
+		}
+		if err := p.AddWorker(e.name, wc); err != nil {
 			p.Shutdown(context.Background())
 			return nil, err
 		}
 	}
 	r := &router{p: p, runDone: make(chan error, 1)}
 	go func() { r.runDone <- p.Run(context.Background()) }()
-	if err := waitConnected(ctx, p, len(engines)); err != nil {
+	connect := len(engines)
+	if o.approximate {
+		connect = 0
+	}
+	if err := waitConnected(ctx, p, connect); err != nil {
 		r.stop()
 		return nil, err
 	}
@@ -381,6 +445,8 @@ type job struct {
 	r              *sim.Request
 	i              int // its index in the trace
 	claimed, plain int
+	predicted      int // with predictions: blocks held or predicted (Match.Predicted)
+	routedAt       time.Time
 	served         chan struct{} // not a request: closed once the ones before it are served
 }
 
@@ -398,6 +464,9 @@ func quiesce(engines []*engine) {
 // of an eviction, or a key that names the wrong blocks).
 type claims struct {
 	requests, claimed, over int
+	// predicted: blocks claimed by predictions alone (Match.Predicted past
+	// Blocks); wrong: those of them the engine did not hold when served.
+	predicted, wrong int
 	// across: blocks token-only keys would have credited on top, which the
 	// engine holds only under another adapter or the base model.
 	across int
@@ -407,6 +476,8 @@ func (c *claims) add(j job, held int) {
 	c.requests++
 	c.claimed += j.claimed
 	c.over += max(j.claimed-held, 0)
+	c.predicted += max(j.predicted-j.claimed, 0)
+	c.wrong += max(j.predicted-max(j.claimed, held), 0)
 	c.across += max(j.plain-j.claimed, 0)
 }
 
@@ -438,7 +509,14 @@ func route(ctx context.Context, o options, reqs []sim.Request, first int, p *kvp
 		}
 		best, work := pk.pick(ctx, p, &req, load)
 		load[best] += work
-		j := job{r: r, i: i, claimed: pk.device[best]}
+		if o.predict {
+			keys := pk.keys
+			if o.isEagle(best) {
+				keys = pk.eagleKeys
+			}
+			p.Routed(engines[best].name, keys) // errors only for a worker unknown or a pipeline stopped: not here
+		}
+		j := job{r: r, i: i, claimed: pk.device[best], predicted: pk.predicted[best], routedAt: time.Now()}
 		if req.Lora != "" {
 			pk.plain = pk.h.Prompt(pk.plain[:0], tokens, o.blockSize)
 			pk.eaglePlain = pk.h.EaglePrompt(pk.eaglePlain[:0], tokens, o.blockSize)
@@ -475,11 +553,12 @@ type picker struct {
 	byName                             map[string]int
 	keys, eagleKeys, plain, eaglePlain []uint64
 	score                              []float64
-	device                             []int
+	device, predicted                  []int
 }
 
 func newPicker(o options, engines []*engine) *picker {
-	pk := &picker{o: o, byName: map[string]int{}, score: make([]float64, len(engines)), device: make([]int, len(engines))}
+	pk := &picker{o: o, byName: map[string]int{}, score: make([]float64, len(engines)), device: make([]int, len(engines)),
+		predicted: make([]int, len(engines))}
 	for i, e := range engines {
 		pk.byName[e.name] = i
 	}
@@ -494,9 +573,14 @@ func (pk *picker) pick(ctx context.Context, p *kvpipe.Pipeline, req *kvpipe.Requ
 	pk.eagleKeys = pk.h.EagleKeys(pk.eagleKeys[:0], req, pk.o.blockSize)
 	clear(pk.score)
 	clear(pk.device)
+	clear(pk.predicted)
 	if matches, err := p.AppendMatchesKeys(ctx, nil, pk.keys, pk.eagleKeys); err == nil {
 		for _, m := range matches {
-			pk.score[pk.byName[m.Worker]], pk.device[pk.byName[m.Worker]] = m.Score, m.Blocks
+			w := pk.byName[m.Worker]
+			pk.score[w], pk.device[w], pk.predicted[w] = m.Score, m.Blocks, m.Predicted
+			if pk.o.predict { // a block predicted counts as one held on device
+				pk.score[w] = max(m.Score, float64(m.Predicted))
+			}
 		}
 	}
 	bestCost := math.Inf(1)
@@ -505,7 +589,7 @@ func (pk *picker) pick(ctx context.Context, p *kvpipe.Pipeline, req *kvpipe.Requ
 		if pk.o.isEagle(w) {
 			blocks = float64(len(pk.eagleKeys))
 		}
-		if cost := blocks - pk.score[w] + load[w]; cost < bestCost {
+		if cost := blocks - pk.score[w] + pk.o.loadWeight*load[w]; cost < bestCost {
 			best, bestCost, work = w, cost, blocks-pk.score[w]
 		}
 	}

@@ -80,6 +80,57 @@ func TestReplaySummary(t *testing.T) {
 	}
 }
 
+// In burst mode each request becomes 4 sharing its prompt as a new prefix,
+// at once, before any event of the first can land (the engines publish
+// once the prefill is done): a router that tells the pipeline where it
+// sent each (Pipeline.Routed) keeps a burst on one worker, one that waits
+// for events spreads it over all of them, and its wrong claims (predicted
+// blocks the engine did not hold when the request reached it) are few.
+func TestReplayBurst(t *testing.T) {
+	var out strings.Builder
+	o := options{workers: 4, capacity: 10_000, blockSize: 16, requests: 60, shards: 2, progress: time.Hour,
+		speedup: 10, burst: 4, prefillRate: 20_000}
+	if err := run(context.Background(), o, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	t.Log(s)
+	type routing struct{ dup, bursts, wrong, claimed int }
+	get := func(name string, predicted bool) routing {
+		pattern := name + `\s+hit rate [\d.]+% .*duplicated prefills (\d+) in (\d+) bursts`
+		if predicted {
+			pattern += `, predicted but not held when served (\d+) of (\d+) blocks predicted`
+		}
+		m := regexp.MustCompile(pattern).FindStringSubmatch(s)
+		if m == nil {
+			t.Fatalf("summary lacks %q:\n%s", pattern, s)
+		}
+		var r routing
+		for i, v := range []*int{&r.dup, &r.bursts, &r.wrong, &r.claimed}[:len(m)-1] {
+			*v, _ = strconv.Atoi(m[i+1])
+		}
+		return r
+	}
+	with, without, approx, random := get("with predictions", true), get("events only", false), get("approximate only", true), get("random", false)
+	if without.bursts < o.requests/2 || without.dup < without.bursts {
+		t.Errorf("without predictions %d duplicated prefills in %d bursts: the bursts were not spread, the test proves nothing:\n%s", without.dup, without.bursts, s)
+	}
+	for name, r := range map[string]routing{"with predictions": with, "approximate only": approx} {
+		if r.dup*4 > without.dup || r.dup*2 > random.dup {
+			t.Errorf("%s: %d duplicated prefills, against %d without predictions and %d at random: not well below:\n%s", name, r.dup, without.dup, random.dup, s)
+		}
+		if r.claimed == 0 || r.wrong*100 > r.claimed {
+			t.Errorf("%s: %d of %d blocks predicted were not held when served: want some predicted, under 1%% wrong:\n%s", name, r.wrong, r.claimed, s)
+		}
+	}
+	if !regexp.MustCompile(`with predictions .*predictions confirmed [1-9]\d*`).MatchString(s) {
+		t.Errorf("no prediction confirmed by the engines' events:\n%s", s)
+	}
+	if !regexp.MustCompile(`event lag\s+p50 [\d.]+s, p90 [\d.]+s, p99 [\d.]+s`).MatchString(s) {
+		t.Errorf("no event lag:\n%s", s)
+	}
+}
+
 func TestReplayRejectsBadFlags(t *testing.T) {
 	for _, o := range []options{{workers: 0, capacity: 1, blockSize: 16}, {workers: 1, capacity: 1, blockSize: 24}} {
 		if err := run(context.Background(), o, io.Discard, io.Discard); err == nil {
