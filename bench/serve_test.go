@@ -80,7 +80,11 @@ func cpuTime() time.Duration {
 // then only waits a second per pass.
 func idle(w *workload, pass func()) func() {
 	saved := w.clear
-	w.clear = w.frames[0][len(w.frames[0])-1] // a batch of the trace again, not a clear
+	for _, fs := range w.frames { // a batch of the trace again, not a clear
+		if len(fs) > 0 {
+			w.clear = fs[len(fs)-1]
+		}
+	}
 	pass()
 	w.clear = saved
 	return func() { time.Sleep(time.Second) }
