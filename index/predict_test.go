@@ -132,18 +132,7 @@ func BenchmarkShardsFindMatchesPredicted(b *testing.B) {
 					b.Fatal("no block predicted beyond those held")
 				}
 			}
-			var dst []Score
-			b.ReportAllocs()
-			b.ResetTimer()
-			i := 0
-			for b.Loop() {
-				var err error
-				if dst, err = s.FindMatches(ctx, dst[:0], prompts[i%len(prompts)]); err != nil {
-					b.Fatal(err)
-				}
-				i++
-			}
-			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "requests/s")
+			timeLookups(b, ctx, s, prompts)
 		})
 	}
 }

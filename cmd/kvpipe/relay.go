@@ -67,11 +67,7 @@ func relayCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if !ok {
 		return 2
 	}
-	level := slog.LevelWarn
-	if *f.verbose {
-		level = slog.LevelInfo
-	}
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	logger := serviceLogger(stderr, *f.verbose)
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM) // main stops on SIGINT
 	defer stop()
 	nc, err := nats.Connect(*f.natsURL, nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true), nats.Name("kvpipe relay"),
@@ -143,4 +139,14 @@ func newRelay(nc *nats.Conn, f *relayFlags, logger *slog.Logger, stderr io.Write
 		}
 	}
 	return r, 0
+}
+
+// serviceLogger is the logger of a long-running command (relay, serve):
+// warnings, and with --verbose what it does.
+func serviceLogger(stderr io.Writer, verbose bool) *slog.Logger {
+	level := slog.LevelWarn
+	if verbose {
+		level = slog.LevelInfo
+	}
+	return slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 }

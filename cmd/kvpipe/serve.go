@@ -80,11 +80,7 @@ func serveCmd(ctx context.Context, args []string, stderr io.Writer) int {
 	if !ok {
 		return 2
 	}
-	level := slog.LevelWarn
-	if *f.verbose {
-		level = slog.LevelInfo
-	}
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	logger := serviceLogger(stderr, *f.verbose)
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM) // main stops on SIGINT
 	defer stop()
 	cfg, closeSource, err := serveConfig(f, logger)
