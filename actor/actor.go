@@ -108,7 +108,7 @@ func New(cfg Config) *Actor {
 		cfg.Weights = index.DefaultWeights
 	}
 	a := &Actor{cfg: cfg, decoder: codec.NewDecoder(), warn: pace.NewWarner(cfg.Logger, "kvpipe/actor: "), fresh: true}
-	a.m = mapping{routerOf: make(map[uint64]block), out: &a.out, stats: &a.stats, max: cfg.MaxBlocks}
+	a.m = mapping{out: &a.out, stats: &a.stats, max: cfg.MaxBlocks}
 	a.out = outbox{cfg: &a.cfg, stats: &a.stats, free: make(chan *index.Batch, cap(cfg.Shard)+2), dropped: a.m.dropped, stale: &a.stale}
 	a.groups = groups{main: make(map[int]bool), weights: &a.cfg.Weights}
 	a.stats.Partial.Store(true)
@@ -225,7 +225,7 @@ func (a *Actor) HandleEngineSnapshot(chunk []byte) {
 	}
 	for i := range a.snapBlocks {
 		for _, ext := range a.snapBlocks[i].Hashes {
-			b, ok := a.m.routerOf[ext]
+			b, ok := a.m.routerOf.get(ext)
 			if !ok {
 				a.stats.SnapshotUnmapped.Add(1)
 				a.snapWhole = false

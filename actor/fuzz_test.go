@@ -101,7 +101,7 @@ func checkOps(t *testing.T, payload []byte, bp Backpressure) {
 		for i := range mapped {
 			mapped[i] = map[uint64]int{}
 		}
-		for _, b := range a.m.routerOf {
+		for _, b := range a.m.routerOf.all() {
 			for tier := range index.Tier(index.NumTiers) {
 				if b.held(a.m.gen)&bit(tier) == 0 {
 					continue

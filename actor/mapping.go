@@ -5,28 +5,42 @@ import (
 	"github.com/kvpipe/kvpipe/index"
 )
 
-// block is what the actor knows of one engine block.
+// block is what the actor knows of one engine block: 24 B, so that a
+// table record with its hash is 32.
 type block struct {
 	key    uint64 // the router's key (of its last router block, when split)
 	parent uint64 // the engine's hash of its parent
-	gen    uint32 // the generation tiers was set in
 	// split >= 0: the slot of its first router keys in splitKeys, for an
 	// engine block of several router blocks.
-	split     int32
-	hasParent bool
-	tiers     uint8 // the tiers the index holds it in, as of gen
-	// restored: the tiers a snapshot says it is in, indexed once the
-	// snapshot's position is proven (Actor.pending).
-	restored uint8
+	split int32
+	gen   uint16 // the generation tiers was set in (see current)
+	tiers uint8  // the tiers the index holds it in, as of gen
+	// flags: the tiers a snapshot says it is in (restoredMask), indexed
+	// once the snapshot's position is proven (Actor.pending), and
+	// flagParent.
+	flags uint8
 }
 
+const (
+	restoredMask = 1<<index.NumTiers - 1
+	flagParent   = 1 << index.NumTiers // the block has a parent (parent is set)
+)
+
+// current reports whether b was indexed in generation gen: a block whose
+// tiers are empty never is (so that a wrapped generation counter can
+// retire every block by emptying its tiers, mapping.nextGen).
+func (b block) current(gen uint16) bool { return b.gen == gen && b.tiers != 0 }
+
 // held returns the tiers the index holds b in now.
-func (b block) held(gen uint32) uint8 {
-	if b.gen != gen {
+func (b block) held(gen uint16) uint8 {
+	if !b.current(gen) {
 		return 0
 	}
 	return b.tiers
 }
+
+func (b block) hasParent() bool { return b.flags&flagParent != 0 }
+func (b block) restored() uint8 { return b.flags & restoredMask }
 
 func bit(t index.Tier) uint8 { return 1 << t }
 
@@ -41,10 +55,10 @@ type mapping struct {
 	// parents and for removes. It survives a resync within one engine
 	// incarnation (engine hashes are content hashes), so that blocks under a
 	// prefix the engine still holds keep their true keys.
-	routerOf map[uint64]block
+	routerOf blockTable
 	// gen counts the worker's index clears; a block is in the index only if
 	// it was stored in the current generation.
-	gen uint32
+	gen uint16
 	// fullSeen: this worker published a block of the router's size that
 	// passed group filtering.
 	fullSeen bool
@@ -69,7 +83,7 @@ type mapping struct {
 // clear forgets every block of the worker and its full-block history: an
 // engine that comes back with another block size must warn again.
 func (m *mapping) clear() {
-	clear(m.routerOf)
+	m.routerOf.reset(false)
 	m.usedTiers = 0
 	m.splitK, m.splitKeys, m.freeSlots = 0, m.splitKeys[:0], m.freeSlots[:0]
 	m.sizeWarned = false
@@ -81,14 +95,14 @@ func (m *mapping) clear() {
 // only for an engine that clears one tier of several.
 func (m *mapping) clearTier(t index.Tier) {
 	m.out.room(1)
-	for ext, b := range m.routerOf {
-		if b.gen != m.gen || b.tiers&bit(t) == 0 {
+	for ext, b := range m.routerOf.all() {
+		if b.held(m.gen)&bit(t) == 0 {
 			continue // not in the tier (or kept through a resync, tiers unknown)
 		}
 		if b.tiers &^= bit(t); b.tiers == 0 {
 			m.forget(ext, b)
 		} else {
-			m.routerOf[ext] = b
+			m.routerOf.set(ext, b)
 		}
 	}
 	m.usedTiers &^= bit(t)
@@ -100,7 +114,7 @@ func (m *mapping) clearTier(t index.Tier) {
 
 // forget drops ext from the mapping, and its split keys' slot.
 func (m *mapping) forget(ext uint64, b block) {
-	delete(m.routerOf, ext)
+	m.routerOf.del(ext)
 	if b.split >= 0 {
 		m.freeSlots = append(m.freeSlots, b.split)
 	}
@@ -111,11 +125,11 @@ func (m *mapping) forget(ext uint64, b block) {
 // engine may still hold blocks in them.
 func (m *mapping) unindex() {
 	m.out.room(1)
-	if len(m.routerOf) > maxKept {
-		m.routerOf = make(map[uint64]block) // not clear: give its peak memory back
+	if m.routerOf.len() > maxKept {
+		m.routerOf.reset(true) // give its peak memory back
 		m.splitK, m.splitKeys, m.freeSlots = 0, nil, nil
 	}
-	m.gen++
+	m.nextGen()
 	m.fullSeen = false
 	m.out.emit(index.Op{Kind: index.OpClearWorker})
 }
@@ -123,20 +137,35 @@ func (m *mapping) unindex() {
 // dropped: the outbox dropped a batch, so the index lost its ops: a new
 // generation, with the mapping still true (the engine is the same).
 func (m *mapping) dropped() {
-	m.gen++
+	m.nextGen()
 	m.fullSeen = false
+}
+
+// nextGen starts a generation: no block is indexed in it yet. When the
+// counter wraps, every block's tiers are emptied first, so that none stored
+// 65,536 generations ago looks current (block.current).
+func (m *mapping) nextGen() {
+	if m.gen++; m.gen != 0 {
+		return
+	}
+	for h, b := range m.routerOf.all() {
+		if b.tiers != 0 {
+			b.tiers = 0
+			m.routerOf.set(h, b)
+		}
+	}
 }
 
 // remove takes the engine blocks hashes out of tier t.
 func (m *mapping) remove(hashes []uint64, t index.Tier) {
 	for _, ext := range hashes {
-		b, ok := m.routerOf[ext]
+		b, ok := m.routerOf.get(ext)
 		if !ok {
 			m.stats.UnknownRemove.Add(1)
 			continue
 		}
 		m.out.room(m.keysOf(b))
-		if b.gen != m.gen {
+		if !b.current(m.gen) {
 			// Kept through a resync, its tiers unknown: gone from the
 			// device, it is forgotten as before tiers; gone from another
 			// tier, the device may still hold it.
@@ -151,7 +180,7 @@ func (m *mapping) remove(hashes []uint64, t index.Tier) {
 		if b.tiers &^= bit(t); b.tiers == 0 {
 			m.forget(ext, b)
 		} else {
-			m.routerOf[ext] = b // still held in another tier
+			m.routerOf.set(ext, b) // still held in another tier
 		}
 	}
 }
@@ -168,7 +197,7 @@ func (m *mapping) store(e *codec.Event, t index.Tier, k int) bool {
 	}
 	parent, hasParent := uint64(0), false
 	if e.HasParent {
-		p, ok := m.routerOf[e.ParentHash]
+		p, ok := m.routerOf.get(e.ParentHash)
 		if !ok {
 			// Its key chains through blocks this worker never told us of
 			// (history lost, or the router joined late): no prompt could
@@ -210,10 +239,14 @@ func (m *mapping) store(e *codec.Event, t index.Tier, k int) bool {
 			m.keys = append(m.keys, parent)
 		}
 		h := e.BlockHashes[i]
-		if len(m.routerOf) >= m.max && !m.known(h) {
+		if m.routerOf.len() >= m.max && !m.known(h) {
 			return false
 		}
-		m.put(h, block{key: parent, parent: ext, hasParent: extParent, tiers: bit(t), split: -1}, t, k, link, linkParent)
+		b := block{key: parent, parent: ext, tiers: bit(t), split: -1}
+		if extParent {
+			b.flags = flagParent
+		}
+		m.put(h, b, t, k, link, linkParent)
 		ext, extParent = h, true
 	}
 	return true
@@ -234,7 +267,7 @@ func wholeBlocks(e *codec.Event) int {
 // stored again under its key only gains the tier; one whose key changed
 // leaves the index under its old keys first.
 func (m *mapping) put(h uint64, b block, t index.Tier, k int, link index.Link, parent uint64) {
-	old, known := m.routerOf[h]
+	old, known := m.routerOf.get(h)
 	if known && old.key == b.key {
 		m.hold(h, old, t) // stored again: in the index already, unless in another tier
 		return
@@ -254,12 +287,12 @@ func (m *mapping) put(h uint64, b block, t index.Tier, k int, link index.Link, p
 	if k > 1 {
 		b.split = m.slot(m.keys[:k-1])
 	}
-	m.routerOf[h] = b
+	m.routerOf.set(h, b)
 	m.emitKeys(index.OpStore, t, b, link, parent)
 }
 
 func (m *mapping) known(h uint64) bool {
-	_, ok := m.routerOf[h]
+	_, ok := m.routerOf.get(h)
 	return ok
 }
 
@@ -268,7 +301,7 @@ func (m *mapping) known(h uint64) bool {
 // worker told of go into the tier under their keys; others cannot be keyed.
 func (m *mapping) retier(e *codec.Event, t index.Tier) {
 	for _, h := range e.BlockHashes {
-		b, ok := m.routerOf[h]
+		b, ok := m.routerOf.get(h)
 		if !ok {
 			m.stats.TokenMismatch.Add(1)
 			continue
@@ -299,11 +332,11 @@ func (m *mapping) hold(h uint64, b block, t index.Tier) bool {
 		return false
 	}
 	b.gen, b.tiers = m.gen, held|bit(t)
-	m.routerOf[h] = b
+	m.routerOf.set(h, b)
 	m.usedTiers |= bit(t)
 	link, parent := index.LinkNone, uint64(0)
 	if t == index.TierDevice {
-		link, parent = linkOf(m.routerOf, b)
+		link, parent = linkOf(&m.routerOf, b)
 	}
 	m.emitKeys(index.OpStore, t, b, link, parent)
 	return true
@@ -341,11 +374,11 @@ func chainLink(hasParent bool) index.Link {
 
 // linkOf is the link of b's first router key: its engine parent's last
 // router key, as far as the mapping knows it.
-func linkOf(routerOf map[uint64]block, b block) (index.Link, uint64) {
-	if !b.hasParent {
+func linkOf(routerOf *blockTable, b block) (index.Link, uint64) {
+	if !b.hasParent() {
 		return index.LinkRoot, 0
 	}
-	if p, ok := routerOf[b.parent]; ok { // else forgotten: unknown
+	if p, ok := routerOf.get(b.parent); ok { // else forgotten: unknown
 		return index.LinkChild, p.key
 	}
 	return index.LinkNone, 0
@@ -355,11 +388,11 @@ func linkOf(routerOf map[uint64]block, b block) (index.Link, uint64) {
 // earlier clear or eviction took them out.
 func (m *mapping) reindex(ext uint64) {
 	for {
-		b, ok := m.routerOf[ext]
+		b, ok := m.routerOf.get(ext)
 		if !ok || !m.hold(ext, b, index.TierDevice) {
 			return
 		}
-		if !b.hasParent {
+		if !b.hasParent() {
 			return
 		}
 		ext = b.parent

@@ -24,13 +24,13 @@ func (a *Actor) Export(w *snapshot.Worker) {
 		w.GroupMain = append(w.GroupMain, main)
 	}
 	w.Hashes, w.Keys, w.Parents, w.Flags, w.Split = w.Hashes[:0], w.Keys[:0], w.Parents[:0], w.Flags[:0], w.Split[:0]
-	for h, b := range a.m.routerOf {
+	for h, b := range a.m.routerOf.all() {
 		tiers := b.held(a.m.gen)
 		if a.pending {
-			tiers |= b.restored
+			tiers |= b.restored()
 		}
 		flags := tiers << snapshot.TierShift
-		if b.hasParent {
+		if b.hasParent() {
 			flags |= snapshot.FlagParent
 		}
 		if b.split >= 0 {
@@ -69,8 +69,10 @@ func (a *Actor) Import(w *snapshot.Worker) {
 	next := 0 // the next block's keys in w.Split
 	for i, h := range w.Hashes {
 		f := w.Flags[i]
-		b := block{key: w.Keys[i], parent: w.Parents[i], hasParent: f&snapshot.FlagParent != 0, split: -1,
-			gen: a.m.gen - 1, restored: f >> snapshot.TierShift & (1<<index.NumTiers - 1)}
+		b := block{key: w.Keys[i], parent: w.Parents[i], split: -1, flags: f >> snapshot.TierShift & restoredMask}
+		if f&snapshot.FlagParent != 0 {
+			b.flags |= flagParent
+		}
 		if f&snapshot.FlagSplit != 0 {
 			n := a.m.splitK - 1
 			if n < 1 || next+n > len(w.Split) {
@@ -79,10 +81,10 @@ func (a *Actor) Import(w *snapshot.Worker) {
 			b.split = a.m.slot(w.Split[next : next+n])
 			next += n
 		}
-		if old, dup := a.m.routerOf[h]; dup { // snapshot.Check does not look for these: the last one wins
+		if old, dup := a.m.routerOf.get(h); dup { // snapshot.Check does not look for these: the last one wins
 			a.m.forget(h, old)
 		}
-		a.m.routerOf[h] = b
+		a.m.routerOf.set(h, b)
 	}
 	a.pending, a.pendingPartial = true, w.Partial
 	a.stats.Partial.Store(true)
@@ -105,16 +107,17 @@ func (a *Actor) activate() {
 	a.stats.Partial.Store(a.pendingPartial)
 	a.out.restoring = true // a Tap had them when they were made
 	defer func() { a.out.restoring = false }()
-	for h, b := range a.m.routerOf {
-		tiers := b.restored
+	for h, b := range a.m.routerOf.all() {
+		tiers := b.restored()
 		if tiers == 0 {
 			continue
 		}
-		b.restored = 0
-		a.m.routerOf[h] = b
+		b.flags &^= restoredMask
+		a.m.routerOf.set(h, b)
 		for t := range index.Tier(index.NumTiers) {
 			if tiers&bit(t) != 0 {
-				a.m.hold(h, a.m.routerOf[h], t)
+				b, _ = a.m.routerOf.get(h)
+				a.m.hold(h, b, t)
 			}
 		}
 	}

@@ -1,0 +1,94 @@
+package actor
+
+import (
+	"math/rand/v2"
+	"testing"
+	"unsafe"
+
+	"github.com/kvpipe/kvpipe/index"
+)
+
+// The table answers as a Go map does through sets, replacements and
+// deletions, hash 0 and clustered hashes included, and all visits every
+// block once even while deleting the blocks it visits.
+func TestBlockTableAgainstMap(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		hashes func(r *rand.Rand) uint64
+	}{
+		{"random", func(r *rand.Rand) uint64 { return r.Uint64() >> r.IntN(64) }},
+		{"small", func(r *rand.Rand) uint64 { return r.Uint64N(300) }},
+		{"clustered", func(r *rand.Rand) uint64 { return r.Uint64N(200) << 40 }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := rand.New(rand.NewPCG(1, 2))
+			var tb blockTable
+			model := map[uint64]block{}
+			for step := range 20_000 {
+				h := c.hashes(r)
+				switch r.IntN(4) {
+				case 0, 1:
+					b := block{key: r.Uint64(), split: -1}
+					tb.set(h, b)
+					model[h] = b
+				case 2:
+					tb.del(h)
+					delete(model, h)
+				default:
+					got, ok := tb.get(h)
+					want, wok := model[h]
+					if ok != wok || got != want {
+						t.Fatalf("step %d: get(%x) = %v %v, want %v %v", step, h, got, ok, want, wok)
+					}
+				}
+				if tb.len() != len(model) {
+					t.Fatalf("step %d: len %d, want %d", step, tb.len(), len(model))
+				}
+			}
+			seen := map[uint64]int{}
+			for h, b := range tb.all() {
+				if seen[h]++; model[h] != b {
+					t.Fatalf("all yields %x: %v, want %v", h, b, model[h])
+				}
+				if h%2 == 0 {
+					tb.del(h)
+				}
+			}
+			for h := range model {
+				if seen[h] == 0 {
+					t.Errorf("all left out %x", h)
+				}
+				if _, ok := tb.get(h); ok != (h%2 == 1) {
+					t.Errorf("after deleting the even hashes, get(%x) reports %v", h, ok)
+				}
+			}
+		})
+	}
+}
+
+// A block is 24 B, so that a record is 32: what BenchmarkIndexMemory counts.
+func TestBlockRecordSize(t *testing.T) {
+	if s := unsafe.Sizeof(blockRec{}); s != 32 {
+		t.Errorf("a block record takes %d B, want 32", s)
+	}
+}
+
+// A block indexed in an earlier generation is not held once the 16-bit
+// generation counter wraps around to its generation again.
+func TestGenerationWrap(t *testing.T) {
+	m := mapping{out: &outbox{}, stats: &counters{}}
+	m.gen = 7
+	m.routerOf.set(1, block{key: 10, gen: 7, tiers: bit(index.TierDevice), split: -1})
+	m.routerOf.set(2, block{key: 20, gen: 7, tiers: bit(index.TierHost), split: -1})
+	for range 1 << 16 {
+		m.dropped()
+	}
+	if m.gen != 7 {
+		t.Fatalf("gen %d after 65,536 generations, want 7 again", m.gen)
+	}
+	for h, b := range m.routerOf.all() {
+		if held := b.held(m.gen); held != 0 {
+			t.Errorf("block %d held in %b after the counter wrapped", h, held)
+		}
+	}
+}
