@@ -28,12 +28,13 @@ const (
 // It is its own open-addressing table (linear probing, deletion by
 // backward shift, so no tombstones): a store or remove of a chain's next
 // block finds its parent's record in the cache lines it just touched, and
-// a lookup of a key never stored ends at the first empty slot.
+// a lookup of a key never stored ends at the first empty slot. It is sized
+// to its records (a load of 0.6 to 0.8), not to a power of two.
 type chains struct {
-	recs    []chainRec // a power of two of slots, then key 0's; key 0 marks an empty slot
+	recs    []chainRec // size slots, then key 0's; key 0 marks an empty slot
 	hasZero bool       // key 0 has a record
 	n       int        // records, key 0's included
-	shift   uint
+	size    int        // len(recs) - 1
 	orphans int
 	sink    uint64 // what touch loads, so that the load stays
 }
@@ -51,37 +52,47 @@ func (r *chainRec) link() Link { return Link(r.kids >> 30) }
 
 const minChains = 64
 
-func (c *chains) home(k uint64) int { return int((k * 0x9e3779b97f4a7c15) >> c.shift) }
+func (c *chains) home(k uint64) int { return homeOf(k, c.size) }
+
+// homeOf is key k's first slot of size: the high bits of a multiplicative
+// hash, scaled to size.
+func homeOf(k uint64, size int) int {
+	hi, _ := bits.Mul64(k*0x9e3779b97f4a7c15, uint64(size))
+	return int(hi)
+}
 
 // find returns the index of k's record, or of the empty slot that would
 // take it (found false). The table must have room (reserve).
 func (c *chains) find(k uint64) (i int, found bool) {
-	m := len(c.recs) - 2
 	if k == 0 {
-		return m + 1, c.hasZero
+		return c.size, c.hasZero
 	}
-	for i = c.home(k); ; i = (i + 1) & m {
+	for i = c.home(k); ; {
 		switch c.recs[i].key {
 		case k:
 			return i, true
 		case 0:
 			return i, false
 		}
+		if i++; i == c.size {
+			i = 0
+		}
 	}
 }
 
 // touch loads k's home slot, so that its cache miss overlaps other work.
 func (c *chains) touch(k uint64) {
-	if len(c.recs) > 1 {
+	if c.size > 0 {
 		c.sink ^= c.recs[c.home(k)].key
 	}
 }
 
 // reserve makes room for n more records, so that the indices of those
-// there stay put while they are added.
+// there stay put while they are added: past a load of 4/5 the table grows
+// to a load of 3/5.
 func (c *chains) reserve(n int) {
-	if size := len(c.recs) - 1; (c.n+n)*4 > size*3 || size <= 0 {
-		c.resize(max(minChains, 2*size))
+	if (c.n+n)*5 > c.size*4 || c.size <= 0 {
+		c.resize(max(minChains, (c.n+n)*5/3))
 	}
 }
 
@@ -97,7 +108,7 @@ func (c *chains) add(i int, k uint64) {
 func (c *chains) resize(size int) {
 	old := c.recs
 	c.recs = make([]chainRec, size+1)
-	c.shift = uint(64 - bits.TrailingZeros(uint(size)))
+	c.size = size
 	for j := range old {
 		if r := old[j]; r.key != 0 {
 			i, _ := c.find(r.key)
@@ -113,19 +124,34 @@ func (c *chains) resize(size int) {
 // would not be found past the hole.
 func (c *chains) del(i int) {
 	c.n--
-	m := len(c.recs) - 2
-	if i > m {
+	if i == c.size {
 		c.hasZero = false
 		c.recs[i] = chainRec{}
 		return
 	}
-	for j := (i + 1) & m; c.recs[j].key != 0; j = (j + 1) & m {
-		if h := c.home(c.recs[j].key); (j-h)&m >= (j-i)&m { // h is not in (i, j]
+	for j := c.next(i); c.recs[j].key != 0; j = c.next(j) {
+		if h := c.home(c.recs[j].key); ring(j-h, c.size) >= ring(j-i, c.size) { // h is not in (i, j]
 			c.recs[i] = c.recs[j]
 			i = j
 		}
 	}
 	c.recs[i] = chainRec{}
+}
+
+// next is the slot after i, cyclically.
+func (c *chains) next(i int) int {
+	if i++; i == c.size {
+		return 0
+	}
+	return i
+}
+
+// ring is d, a difference of two slots of size, as a distance forward.
+func ring(d, size int) int {
+	if d < 0 {
+		return d + size
+	}
+	return d
 }
 
 // store adds a reference to k, of link and parent, and reports whether

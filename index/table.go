@@ -64,6 +64,10 @@ import (
 
 const (
 	minCap = 1 << 10 // entries of a new shard's table
+	// maxSpare is the largest table kept for reuse once unpublished (1 MiB
+	// of one-word entries), so that small indexes rebuild without
+	// allocating.
+	maxSpare = 1 << 16
 	chunk  = 8       // bitset words a reader scores at once, on its stack (512 workers)
 	// lookahead is how many keys a reader looks up, at most, before
 	// scoring them.
@@ -73,32 +77,34 @@ const (
 // table is one version of a shard's index.
 type table struct {
 	readers atomic.Int32    // readers that pinned this version
-	data    []atomic.Uint64 // cap+1 entries of stride words: key, then bitset; entry cap is key 0's
+	data    []atomic.Uint64 // size+1 entries of stride words: key, then bitset; entry size is key 0's
 	slots   []atomic.Uint32 // device tables: bitset slot -> WorkerID, as of this version
 	taken   []atomic.Uint64 // device tables: bit s set once slots[s] maps a worker in this version
 	closed  []atomic.Uint64 // device tables: bit s set while slot s's worker is closed (writer.setClosed)
 	gen     uint64          // the writer's slot generation when this version was made
-	shift   uint            // 64 - log2(cap)
-	mask    int             // cap - 1
+	size    int             // entries, key 0's aside: any count, not only a power of two
 	words   int             // bitset words per entry
 	stride  int             // 1 + words
 }
 
-func (t *table) home(k uint64) int { return int((k * 0x9e3779b97f4a7c15) >> t.shift) }
+func (t *table) home(k uint64) int { return homeOf(k, t.size) }
 
 // find returns the offset of k's entry in data, or -1. Key 0 marks an empty
 // entry, so key 0 itself has the extra entry at the end.
 func (t *table) find(k uint64) int {
 	if k == 0 {
-		return (t.mask + 1) * t.stride
+		return t.size * t.stride
 	}
-	for i := t.home(k); ; i = (i + 1) & t.mask {
+	for i := t.home(k); ; {
 		e := i * t.stride
 		switch t.data[e].Load() {
 		case k:
 			return e
 		case 0:
 			return -1
+		}
+		if i++; i == t.size {
+			i = 0
 		}
 	}
 }
@@ -110,15 +116,18 @@ func (t *table) touch(k uint64) { t.data[t.home(k)*t.stride].Load() }
 // take it (found false). The writer's alone.
 func (t *table) place(k uint64) (e int, found bool) {
 	if k == 0 {
-		return (t.mask + 1) * t.stride, true
+		return t.size * t.stride, true
 	}
-	for i := t.home(k); ; i = (i + 1) & t.mask {
+	for i := t.home(k); ; {
 		e := i * t.stride
 		switch t.data[e].Load() {
 		case k:
 			return e, true
 		case 0:
 			return e, false
+		}
+		if i++; i == t.size {
+			i = 0
 		}
 	}
 }
@@ -435,7 +444,7 @@ func record(scores []Score, gone, first uint64, rank, t, blocks int) {
 type tierIx struct {
 	cur   atomic.Pointer[table] // the version readers pin
 	t     *table                // == cur.Load(), without the atomic
-	spare *table                // the last version unpublished, reused once no reader holds it
+	spare *table                // the last version unpublished, if small: reused once no reader holds it
 	used  int                   // entries of t with a key (key 0's aside), held or emptied
 	live  int                   // entries some worker holds, key 0's included
 }
@@ -458,6 +467,12 @@ func unpin(t *table) { t.readers.Add(-1) }
 
 func (x *tierIx) publish(nt *table) {
 	x.cur.Store(nt) // everything written to nt before happens before a reader's pin
-	x.spare = x.t   // an older spare that take could not reuse goes to the GC, readers or not
+	// An older spare that take could not reuse goes to the GC, readers or
+	// not. A large table is not kept: it would double the index's memory,
+	// and its rebuild's copying costs more than its allocation.
+	x.spare = nil
+	if x.t.size <= maxSpare {
+		x.spare = x.t
+	}
 	x.t = nt
 }

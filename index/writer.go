@@ -1,7 +1,6 @@
 package index
 
 import (
-	"math/bits"
 	"sync/atomic"
 )
 
@@ -36,7 +35,7 @@ type writer struct {
 	retiring []int // slots freed in this generation: free from the next one on
 
 	unknownRemoves uint64
-	made           int // tables allocated: the steady state reuses the spares
+	made           int // tables allocated: a small index's steady state reuses the spares
 }
 
 type holder struct {
@@ -341,7 +340,7 @@ func (w *writer) addSlots(words int) {
 func (w *writer) set(x *tierIx, k uint64, slot int) {
 	t := x.t
 	e, found := t.place(k)
-	if !found && x.used+1 > (t.mask+1)/4*3 {
+	if !found && (x.used+1)*growDen > t.size*growNum {
 		w.grow(x)
 		t = x.t
 		e, found = t.place(k)
@@ -404,15 +403,20 @@ func (w *writer) rebuildAll(words int) {
 	w.retiring = w.retiring[:0]
 }
 
+// A table is rebuilt when more than growNum/growDen of its entries have a
+// key (held or emptied), to buildDen/buildNum entries per held one.
+const (
+	growNum, growDen   = 3, 4
+	buildNum, buildDen = 1, 2
+	minTable           = 16
+)
+
 // build returns an unpublished version of x's table, of words bitset words,
-// holding its held entries, at least half empty. x's used counts it. A
-// device version maps the taken slots, and marks the closed workers'.
+// holding its held entries, at a load of buildNum/buildDen. x's used counts
+// it. A device version maps the taken slots, and marks the closed workers'.
 func (w *writer) build(x *tierIx, words int) *table {
 	old := x.t
-	capacity := old.mask + 1
-	for (x.live+1)*2 > capacity {
-		capacity *= 2
-	}
+	capacity := max(minTable, (x.live+1)*buildDen/buildNum)
 	nt := x.take(capacity, words, x == &w.tierIx, w.gen, &w.made)
 	x.used = copyHeld(nt, old)
 	if x == &w.tierIx {
@@ -437,7 +441,7 @@ func setBit(ws []atomic.Uint64, s int) {
 // copyHeld copies old's held entries, and key 0's, into the empty nt of at
 // least as many words, and returns how many it copied (key 0's aside).
 func copyHeld(nt, old *table) (used int) {
-	for i := 0; i <= old.mask; i++ {
+	for i := range old.size {
 		e := i * old.stride
 		k := old.data[e].Load()
 		if k == 0 || !old.held(e) {
@@ -450,7 +454,7 @@ func copyHeld(nt, old *table) (used int) {
 		nt.data[ne].Store(k)
 		used++
 	}
-	oz, nz := (old.mask+1)*old.stride, (nt.mask+1)*nt.stride
+	oz, nz := old.size*old.stride, nt.size*nt.stride
 	for j := 1; j <= old.words; j++ {
 		nt.data[nz+j].Store(old.data[oz+j].Load())
 	}
@@ -485,7 +489,6 @@ func (x *tierIx) take(capacity, words int, device bool, gen uint64, made *int) *
 			taken: make([]atomic.Uint64, nwords), closed: make([]atomic.Uint64, nwords)}
 		*made++
 	}
-	t.shift = uint(64 - bits.TrailingZeros(uint(capacity)))
-	t.mask, t.words, t.stride, t.gen = capacity-1, words, 1+words, gen
+	t.size, t.words, t.stride, t.gen = capacity, words, 1+words, gen
 	return t
 }
