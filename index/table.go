@@ -68,7 +68,7 @@ const (
 	// of one-word entries), so that small indexes rebuild without
 	// allocating.
 	maxSpare = 1 << 16
-	chunk  = 8       // bitset words a reader scores at once, on its stack (512 workers)
+	chunk    = 8 // bitset words a reader scores at once, on its stack (512 workers)
 	// lookahead is how many keys a reader looks up, at most, before
 	// scoring them.
 	lookahead = 32
