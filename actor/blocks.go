@@ -24,10 +24,10 @@ type blockRec struct {
 
 const (
 	minBlockSlots = 64
-	// The table grows when more than 4/5 of its slots would be taken, to
-	// 5/3 of its count: a load of 0.6 to 0.8.
-	maxLoadNum, maxLoadDen = 4, 5
-	growNum, growDen       = 5, 3
+	// The table grows when more than 7/8 of its slots would be taken, to
+	// 10/7 of its count: a load of 0.7 to 0.875.
+	maxLoadNum, maxLoadDen = 7, 8
+	growNum, growDen       = 10, 7
 )
 
 // home is h's first slot: the high bits of a multiplicative hash, scaled to

@@ -29,7 +29,7 @@ const (
 // backward shift, so no tombstones): a store or remove of a chain's next
 // block finds its parent's record in the cache lines it just touched, and
 // a lookup of a key never stored ends at the first empty slot. It is sized
-// to its records (a load of 0.6 to 0.8), not to a power of two.
+// to its records (a load of 0.7 to 0.875), not to a power of two.
 type chains struct {
 	recs    []chainRec // size slots, then key 0's; key 0 marks an empty slot
 	hasZero bool       // key 0 has a record
@@ -88,11 +88,11 @@ func (c *chains) touch(k uint64) {
 }
 
 // reserve makes room for n more records, so that the indices of those
-// there stay put while they are added: past a load of 4/5 the table grows
-// to a load of 3/5.
+// there stay put while they are added: past a load of 7/8 the table grows
+// to a load of 7/10.
 func (c *chains) reserve(n int) {
-	if (c.n+n)*5 > c.size*4 || c.size <= 0 {
-		c.resize(max(minChains, (c.n+n)*5/3))
+	if (c.n+n)*8 > c.size*7 || c.size <= 0 {
+		c.resize(max(minChains, (c.n+n)*10/7))
 	}
 }
 

@@ -406,8 +406,8 @@ func (w *writer) rebuildAll(words int) {
 // A table is rebuilt when more than growNum/growDen of its entries have a
 // key (held or emptied), to buildDen/buildNum entries per held one.
 const (
-	growNum, growDen   = 3, 4
-	buildNum, buildDen = 1, 2
+	growNum, growDen   = 4, 5
+	buildNum, buildDen = 3, 5
 	minTable           = 16
 )
 
