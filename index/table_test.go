@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -632,5 +633,37 @@ func TestMatchesAcrossLookaheadGroups(t *testing.T) {
 		if got[id] != n {
 			t.Errorf("worker %d scores %d, want %d", id, got[id], n)
 		}
+	}
+}
+
+// A table is sized to the entries it holds (a load of 3/5 to 4/5 while the
+// held ones do not change, emptied ones aside), and a large one keeps no
+// spare version once unpublished: the index's memory is its tables', once.
+// Small ones keep theirs (TestWarmWriterAndReaderAllocateNothing).
+func TestTableSizedToItsEntries(t *testing.T) {
+	const n = 3 * maxSpare
+	w := newWriter(minCap)
+	check := func(stage string) {
+		t.Helper()
+		if w.spare != nil {
+			t.Errorf("%s: a table of %d entries kept a spare of %d", stage, w.t.size, w.spare.size)
+		}
+		if w.live != n {
+			t.Fatalf("%s: %d keys held, want %d", stage, w.live, n)
+		}
+		if w.live*buildDen < w.t.size*buildNum-buildDen || w.used*growDen > w.t.size*growNum {
+			t.Errorf("%s: %d held and %d used of %d entries", stage, w.live, w.used, w.t.size)
+		}
+	}
+	for i := range n {
+		w.Store(1, uint64(i)+1)
+	}
+	check("filled")
+	for round := range 3 { // every key replaced by a fresh one: emptied entries, rebuilds
+		for i := range n {
+			w.Remove(1, uint64(round*n+i)+1)
+			w.Store(1, uint64((round+1)*n+i)+1)
+		}
+		check(fmt.Sprintf("round %d", round))
 	}
 }
