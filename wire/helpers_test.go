@@ -22,7 +22,7 @@ type record struct {
 	body    string
 	reset   bool
 	why     ResetReason
-	resumed bool // HandleResumed
+	resumed bool     // HandleResumed
 	pos     Position // the Subscriber's Position during HandleBatch
 }
 
