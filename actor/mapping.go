@@ -39,6 +39,16 @@ func (b block) held(gen uint16) uint8 {
 	return b.tiers
 }
 
+// newBlock is a block of router key key, with its engine parent if
+// hasParent, held in tiers, not split.
+func newBlock(key, parent uint64, hasParent bool, tiers uint8) block {
+	b := block{key: key, parent: parent, tiers: tiers, split: -1}
+	if hasParent {
+		b.flags = flagParent
+	}
+	return b
+}
+
 func (b block) hasParent() bool { return b.flags&flagParent != 0 }
 func (b block) restored() uint8 { return b.flags & restoredMask }
 
@@ -242,11 +252,7 @@ func (m *mapping) store(e *codec.Event, t index.Tier, k int) bool {
 		if m.routerOf.len() >= m.max && !m.known(h) {
 			return false
 		}
-		b := block{key: parent, parent: ext, tiers: bit(t), split: -1}
-		if extParent {
-			b.flags = flagParent
-		}
-		m.put(h, b, t, k, link, linkParent)
+		m.put(h, newBlock(parent, ext, extParent, bit(t)), t, k, link, linkParent)
 		ext, extParent = h, true
 	}
 	return true

@@ -69,10 +69,8 @@ func (a *Actor) Import(w *snapshot.Worker) {
 	next := 0 // the next block's keys in w.Split
 	for i, h := range w.Hashes {
 		f := w.Flags[i]
-		b := block{key: w.Keys[i], parent: w.Parents[i], split: -1, flags: f >> snapshot.TierShift & restoredMask}
-		if f&snapshot.FlagParent != 0 {
-			b.flags |= flagParent
-		}
+		b := newBlock(w.Keys[i], w.Parents[i], f&snapshot.FlagParent != 0, 0)
+		b.flags |= f >> snapshot.TierShift & restoredMask
 		if f&snapshot.FlagSplit != 0 {
 			n := a.m.splitK - 1
 			if n < 1 || next+n > len(w.Split) {
