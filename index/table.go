@@ -59,8 +59,9 @@ import (
 //
 // Removing a worker's last hold leaves the entry in place with an empty
 // bitset (so probe chains stay intact); such entries are dropped when the
-// writer rebuilds the table, which it does when used entries would pass 3/4
-// of capacity or a worker needs a slot that only a new generation can give.
+// writer rebuilds the table, which it does when used entries would pass
+// growNum/growDen of its size or a worker needs a slot that only a new
+// generation can give.
 
 const (
 	minCap = 1 << 10 // entries of a new shard's table
