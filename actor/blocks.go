@@ -60,7 +60,7 @@ func (t *blockTable) get(h uint64) (block, bool) {
 	if h == 0 {
 		return t.zero, t.hasZero
 	}
-	if t.n == 0 {
+	if len(t.recs) == 0 {
 		return block{}, false
 	}
 	i, ok := t.find(h)
@@ -113,7 +113,7 @@ func (t *blockTable) del(h uint64) {
 		t.zero, t.hasZero = block{}, false
 		return
 	}
-	if t.n == 0 {
+	if len(t.recs) == 0 {
 		return
 	}
 	i, ok := t.find(h)

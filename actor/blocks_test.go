@@ -66,6 +66,27 @@ func TestBlockTableAgainstMap(t *testing.T) {
 	}
 }
 
+// Hash 0 is a block like any other, also when it is the only one: the
+// slots are not made for it.
+func TestBlockTableHashZeroAlone(t *testing.T) {
+	var tb blockTable
+	tb.set(0, block{key: 1, split: -1})
+	if b, ok := tb.get(0); !ok || b.key != 1 {
+		t.Errorf("get(0) = %v %v, want key 1", b, ok)
+	}
+	if _, ok := tb.get(5); ok {
+		t.Error("get(5) found a block never set")
+	}
+	tb.del(5)
+	if tb.len() != 1 {
+		t.Errorf("len %d after deleting an unknown hash, want 1", tb.len())
+	}
+	tb.del(0)
+	if _, ok := tb.get(0); ok || tb.len() != 0 {
+		t.Errorf("hash 0 deleted: get reports %v, len %d", ok, tb.len())
+	}
+}
+
 // A block is 24 B, so that a record is 32: what BenchmarkIndexMemory counts.
 func TestBlockRecordSize(t *testing.T) {
 	if s := unsafe.Sizeof(blockRec{}); s != 32 {
