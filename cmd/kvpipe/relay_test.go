@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/internal/natstest"
+	"github.com/kvpipe/kvpipe/internal/opstream"
 	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/kvpipe/kvpipe/relay"
 	"github.com/nats-io/nats.go/jetstream"
@@ -85,6 +86,6 @@ func state(js jetstream.JetStream) (uint64, bool) {
 	if err != nil {
 		return info.State.Msgs, false
 	}
-	_, err = relay.NewObjectStore(obs, relay.DefaultObject).Load(ctx, nil)
+	_, err = relay.NewObjectStore(obs, opstream.DefaultObject).Load(ctx, nil)
 	return info.State.Msgs, err == nil
 }

@@ -1,4 +1,4 @@
-package relay
+package opstream
 
 import (
 	"strings"
@@ -12,9 +12,9 @@ func TestTokens(t *testing.T) {
 	names := []string{"engine-0", "A_b-9", "a.b", "a b", "*", ">", "x.>", "ünïcode", "~", "~ZW5n", "=", "a/b", "\x00"}
 	seen := map[string]string{}
 	for _, name := range names {
-		tok := token(name)
+		tok := Token(name)
 		if !plainRe.MatchString(strings.TrimPrefix(tok, "~")) {
-			t.Errorf("token(%q) = %q: not [A-Za-z0-9_-] after the marker", name, tok)
+			t.Errorf("Token(%q) = %q: not [A-Za-z0-9_-] after the marker", name, tok)
 		}
 		if prev, dup := seen[tok]; dup {
 			t.Errorf("%q and %q share token %q", prev, name, tok)
@@ -22,10 +22,10 @@ func TestTokens(t *testing.T) {
 		seen[tok] = name
 		back, err := workerOf(tok)
 		if err != nil || back != name {
-			t.Errorf("workerOf(token(%q)) = %q, %v", name, back, err)
+			t.Errorf("workerOf(Token(%q)) = %q, %v", name, back, err)
 		}
 	}
-	if token("engine-0") != "engine-0" {
+	if Token("engine-0") != "engine-0" {
 		t.Error("a plain name is not its own token")
 	}
 	// Tokens Token never makes are refused, so no subject maps to two names.
@@ -34,22 +34,22 @@ func TestTokens(t *testing.T) {
 			t.Errorf("workerOf(%q) = %q, want an error", tok, name)
 		}
 	}
-	s, _ := Settings{}.withDefaults()
+	s, _ := Settings{}.WithDefaults()
 	if got := s.Subject("a.b"); got != "kvpipe.ops.~YS5i" {
 		t.Errorf("Subject(a.b) = %q", got)
 	}
-	if w, err := workerOfSubject(s.Prefix, "kvpipe.ops.~YS5i"); err != nil || w != "a.b" {
+	if w, err := WorkerOfSubject(s.Prefix, "kvpipe.ops.~YS5i"); err != nil || w != "a.b" {
 		t.Errorf("workerOfSubject = %q, %v", w, err)
 	}
 	for _, subj := range []string{"kvpipe.ops", "kvpipe.ops.a.b", "other.a", "kvpipe.opsx.a"} {
-		if _, err := workerOfSubject(s.Prefix, subj); err == nil {
-			t.Errorf("workerOfSubject(%q): no error", subj)
+		if _, err := WorkerOfSubject(s.Prefix, subj); err == nil {
+			t.Errorf("WorkerOfSubject(%q): no error", subj)
 		}
 	}
 }
 
 func TestSettingsDefaultsAndErrors(t *testing.T) {
-	s, err := Settings{}.withDefaults()
+	s, err := Settings{}.WithDefaults()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +67,7 @@ func TestSettingsDefaultsAndErrors(t *testing.T) {
 		{Stream: "A.B"}, {Stream: "A B"}, {Bucket: "a.b"}, {Bucket: "a b"},
 		{Duplicates: time.Hour, MaxAge: time.Minute}, {MaxBytes: -1},
 	} {
-		if _, err := bad.withDefaults(); err == nil {
+		if _, err := bad.WithDefaults(); err == nil {
 			t.Errorf("%+v: no error", bad)
 		}
 	}

@@ -1,4 +1,4 @@
-package relay
+package relaypub
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"github.com/kvpipe/kvpipe/internal/sim"
 	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/kvpipe/kvpipe/internal/ztest"
+	"github.com/kvpipe/kvpipe/relay"
 	"github.com/kvpipe/kvpipe/wire"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -109,11 +110,11 @@ func startServer(t testing.TB) (*natstest.Server, jetstream.JetStream) {
 }
 
 // testSettings are small enough for tests to trim.
-func testSettings() Settings {
-	return Settings{Prefix: "test.ops", Stream: "TEST_OPS", Bucket: "test-snapshots", Object: "snap"}
+func testSettings() relay.Settings {
+	return relay.Settings{Prefix: "test.ops", Stream: "TEST_OPS", Bucket: "test-snapshots", Object: "snap"}
 }
 
-func relayConfig(s Settings) Config {
+func relayConfig(s relay.Settings) Config {
 	return Config{
 		Settings: s,
 		Pipeline: kvpipe.Config{BlockSize: bs, Logger: testLogger(),
@@ -187,12 +188,12 @@ func (rr *running) snapshotNow(t testing.TB) {
 // router is a router's Pipeline fed by a Follower.
 type router struct {
 	p *kvpipe.Pipeline
-	f *Follower
+	f *relay.Follower
 }
 
-func startRouter(t testing.TB, js jetstream.JetStream, s Settings) *router {
+func startRouter(t testing.TB, js jetstream.JetStream, s relay.Settings) *router {
 	t.Helper()
-	f, err := NewFollower(js, FollowerConfig{Settings: s, Logger: testLogger()})
+	f, err := relay.NewFollower(js, relay.FollowerConfig{Settings: s, Logger: testLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,7 +300,7 @@ func sameBlocks(relay *kvpipe.Pipeline, routers ...*router) error {
 }
 
 // streamState is the stream's first and last sequence and message count.
-func streamState(t testing.TB, js jetstream.JetStream, s Settings) jetstream.StreamState {
+func streamState(t testing.TB, js jetstream.JetStream, s relay.Settings) jetstream.StreamState {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -315,7 +316,7 @@ func streamState(t testing.TB, js jetstream.JetStream, s Settings) jetstream.Str
 }
 
 // caughtUp waits until the router has handled every message in the stream.
-func caughtUp(t testing.TB, js jetstream.JetStream, s Settings, rs ...*router) {
+func caughtUp(t testing.TB, js jetstream.JetStream, s relay.Settings, rs ...*router) {
 	t.Helper()
 	last := streamState(t, js, s).LastSeq
 	eventually(t, "routers caught up", func() error {
