@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"github.com/kvpipe/kvpipe/internal/natstest"
 	"github.com/kvpipe/kvpipe/internal/opstream"
 	"github.com/kvpipe/kvpipe/internal/wiretest"
@@ -31,8 +32,8 @@ func TestRelayPublishes(t *testing.T) {
 	}
 	defer pub.Close()
 	for i := range 20 {
-		pub.Publish(codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{{Type: codec.BlockStored,
-			BlockHashes: []uint64{uint64(i + 1)}, TokenIDs: make([]uint32, 16), BlockSize: 16}}}, codec.CurrentVLLM))
+		pub.Publish(engineenc.AppendBatch(nil, &codec.Batch{Events: []codec.Event{{Type: codec.BlockStored,
+			BlockHashes: []uint64{uint64(i + 1)}, TokenIDs: make([]uint32, 16), BlockSize: 16}}}, engineenc.CurrentVLLM))
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

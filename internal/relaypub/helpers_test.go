@@ -12,6 +12,7 @@ import (
 	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"github.com/kvpipe/kvpipe/internal/natstest"
 	"github.com/kvpipe/kvpipe/internal/sim"
 	"github.com/kvpipe/kvpipe/internal/wiretest"
@@ -86,7 +87,7 @@ func (e *engine) serve(reqs []sim.Request) int {
 			e.queries = append(e.queries, query{r, h.Prompt(nil, tokens, bs)})
 		}
 		if len(evs) > 0 {
-			e.pub.Publish(codec.AppendBatch(nil, &codec.Batch{Events: evs}, codec.CurrentVLLM))
+			e.pub.Publish(engineenc.AppendBatch(nil, &codec.Batch{Events: evs}, engineenc.CurrentVLLM))
 			n++
 		}
 	}
@@ -387,7 +388,7 @@ func relayed(t testing.TB, rr *running, engines ...*engine) {
 
 // appendEvents is the payload of one batch of evs.
 func appendEvents(evs ...codec.Event) []byte {
-	return codec.AppendBatch(nil, &codec.Batch{Events: evs}, codec.CurrentVLLM)
+	return engineenc.AppendBatch(nil, &codec.Batch{Events: evs}, engineenc.CurrentVLLM)
 }
 
 // restart replaces the engine with a new incarnation on the same
