@@ -45,7 +45,7 @@ func TestObjectStore(t *testing.T) {
 	}
 	got, meta, err = opstream.LoadSnapshot(ctx, obs, "snap", got[:0])
 	if err != nil || string(got) != "small" || !meta.Known || !meta.StreamCreated.Equal(created) || meta.StreamLast != 42 {
-		t.Errorf("LoadMeta = %q, %+v, %v", got, meta, err)
+		t.Errorf("LoadSnapshot = %q, %+v, %v", got, meta, err)
 	}
 	if err := obs.Delete(ctx, "snap"); err != nil {
 		t.Fatal(err)
