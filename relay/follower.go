@@ -39,8 +39,7 @@ type FollowerConfig struct {
 // over, and a bad message clears its worker.
 type Follower struct {
 	js    jetstream.JetStream
-	cfg   FollowerConfig
-	set   opstream.Settings // cfg.Settings, defaulted
+	set   opstream.Settings // FollowerConfig.Settings, defaulted
 	log   *slog.Logger
 	stats followerCounters
 	busy  atomic.Bool
@@ -101,7 +100,7 @@ func NewFollower(js jetstream.JetStream, cfg FollowerConfig) (*Follower, error) 
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Follower{js: js, cfg: cfg, set: set, log: cfg.Logger, fed: map[string]bool{}, warn: pace.NewWarner(cfg.Logger, "kvpipe/relay: ")}, nil
+	return &Follower{js: js, set: set, log: cfg.Logger, fed: map[string]bool{}, warn: pace.NewWarner(cfg.Logger, "kvpipe/relay: ")}, nil
 }
 
 var _ kvpipe.Source = (*Follower)(nil)
