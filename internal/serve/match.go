@@ -42,7 +42,7 @@ func (s *service) matchBatch(ctx context.Context, h http.Header, r *kvpipev1.Mat
 	}
 	out := &kvpipev1.MatchBatchResponse{Responses: make([]*kvpipev1.MatchResponse, len(r.Requests))}
 	for i, q := range r.Requests {
-		a, err := s.answer(ctx, h, q)
+		a, err := refusedInPlace(s.match(ctx, h, q))
 		if err != nil {
 			return nil, err
 		}
@@ -64,7 +64,7 @@ func (s *service) MatchStream(ctx context.Context, stream *connect.BidiStream[kv
 		if err != nil {
 			return err
 		}
-		a, err := s.answer(ctx, h, req)
+		a, err := refusedInPlace(s.match(ctx, h, req))
 		if err != nil {
 			return err
 		}
@@ -79,11 +79,10 @@ func (s *service) MatchStream(ctx context.Context, stream *connect.BidiStream[kv
 	}
 }
 
-// answer is match for one request of many: a refusal goes in the answer,
-// and only what ends them all (the pipeline closed, the call cancelled) is
-// returned.
-func (s *service) answer(ctx context.Context, h http.Header, r *kvpipev1.MatchRequest) (*kvpipev1.MatchResponse, error) {
-	out, err := s.match(ctx, h, r)
+// refusedInPlace is match's answer to one request of many: a refusal goes
+// in the answer, and only what ends them all (the pipeline closed, the
+// call cancelled) is returned.
+func refusedInPlace(out *kvpipev1.MatchResponse, err error) (*kvpipev1.MatchResponse, error) {
 	if err == nil {
 		return out, nil
 	}
@@ -124,7 +123,7 @@ func (s *service) match(ctx context.Context, h http.Header, r *kvpipev1.MatchReq
 	if err != nil {
 		return nil, pipelineError(err)
 	}
-	out.Matches = s.workerMatches(ms)
+	out.Matches = workerMatches(ms, s.mon.cur.Load(), time.Now())
 	if r.RoutedTo != "" {
 		if err := s.route(r, ms); err != nil {
 			return nil, err
@@ -134,8 +133,8 @@ func (s *service) match(ctx context.Context, h http.Header, r *kvpipev1.MatchReq
 }
 
 // workerMatches converts ms, highest score first, into one allocation of
-// messages and one of tiers.
-func (s *service) workerMatches(ms []kvpipe.Match) []*kvpipev1.WorkerMatch {
+// messages and one of tiers; cur gives each worker's last batch's age.
+func workerMatches(ms []kvpipe.Match, cur *sample, now time.Time) []*kvpipev1.WorkerMatch {
 	if len(ms) == 0 {
 		return nil
 	}
@@ -148,7 +147,6 @@ func (s *service) workerMatches(ms []kvpipe.Match) []*kvpipev1.WorkerMatch {
 		}
 		return cmpString(a.Worker, b.Worker)
 	})
-	cur, now := s.mon.cur.Load(), time.Now()
 	msgs := make([]kvpipev1.WorkerMatch, len(ms))
 	tiers := make([]uint32, len(ms)*index.NumTiers)
 	out := make([]*kvpipev1.WorkerMatch, len(ms))
