@@ -48,14 +48,17 @@ func (t *tapped) republish(scratch *snapshot.Worker) {
 	}
 }
 
-// tappedHandler marks the ops an engine batch makes with its origin.
+// tappedHandler marks the ops an engine batch makes with its origin. The
+// batch's fingerprint is the one the subscriber computed (pos), so that a
+// payload is hashed once.
 type tappedHandler struct {
 	wire.Handler
-	t *tapped
+	t   *tapped
+	pos func() wire.Position // the subscriber's Position
 }
 
 func (h tappedHandler) HandleBatch(seq uint64, payload []byte) {
-	h.t.origin = Origin{Batch: true, Seq: seq, Fingerprint: wire.Fingerprint(payload)}
+	h.t.origin = Origin{Batch: true, Seq: seq, Fingerprint: h.pos().Fingerprint}
 	defer func() { h.t.origin = Origin{} }() // what follows is of no engine batch, until the next one
 	h.Handler.HandleBatch(seq, payload)
 }

@@ -203,7 +203,7 @@ func (p *Pipeline) start(w *worker) {
 			}
 			var h wire.Handler = w.actor.Load()
 			if w.tap.tap != nil {
-				h = tappedHandler{h, &w.tap}
+				h = tappedHandler{h, &w.tap, w.sub.Position}
 			}
 			if p.cfg.Observe != nil {
 				h = observed{h, w.name, p.cfg.Observe}

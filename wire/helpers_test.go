@@ -22,16 +22,24 @@ type record struct {
 	body    string
 	reset   bool
 	why     ResetReason
-	resumed bool // HandleResumed
+	resumed bool     // HandleResumed
+	pos     Position // the Subscriber's Position during HandleBatch
 }
 
 // recorder is a Handler that hands every call to the test goroutine.
-type recorder struct{ calls chan record }
+type recorder struct {
+	calls chan record
+	sub   *Subscriber // whose Position HandleBatch records, if set
+}
 
 func newRecorder() *recorder { return &recorder{calls: make(chan record, 100_000)} }
 
 func (r *recorder) HandleBatch(seq uint64, payload []byte) {
-	r.calls <- record{seq: seq, body: string(payload)}
+	c := record{seq: seq, body: string(payload)}
+	if r.sub != nil {
+		c.pos = r.sub.Position()
+	}
+	r.calls <- c
 }
 func (r *recorder) HandleReset(why ResetReason) { r.calls <- record{reset: true, why: why} }
 func (r *recorder) HandleResumed()              { r.calls <- record{resumed: true} }
@@ -85,6 +93,7 @@ func startSubscriber(t *testing.T, cfg Config) (*Subscriber, *recorder) {
 func runSubscriber(t *testing.T, s *Subscriber) *recorder {
 	t.Helper()
 	rec := newRecorder()
+	rec.sub = s
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx, rec) }()

@@ -316,7 +316,11 @@ func (s *Subscriber) Checkpoint(ctx context.Context, f func(Position)) error {
 	return nil
 }
 
-func (s *Subscriber) position() Position {
+// Position is the stream's position. In a Handler's HandleBatch it is that
+// batch's, seq and fingerprint, which the Subscriber computed to track the
+// stream: a handler that needs the fingerprint need not hash the payload
+// again. Only a Handler's calls (Run's goroutine) may call it.
+func (s *Subscriber) Position() Position {
 	seq, ok := s.seq.latest()
 	return Position{Seq: seq, Fingerprint: s.seq.fp, Known: ok && s.seq.fpKnown}
 }
@@ -332,7 +336,7 @@ func (s *Subscriber) sleep(ctx context.Context, d time.Duration) bool {
 		case <-t.C:
 			return true
 		case call := <-s.calls:
-			call(s.position())
+			call(s.Position())
 		}
 	}
 }

@@ -96,6 +96,31 @@ func TestGapRecoveredThroughReplay(t *testing.T) {
 	}
 }
 
+// A handler reads the batch's fingerprint from the Subscriber's Position
+// instead of hashing the payload again: live and replayed, it must be the
+// batch's own.
+func TestPositionDuringHandleBatchIsTheBatchs(t *testing.T) {
+	ep, replay := freeTCP(t), freeTCP(t)
+	pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep, ReplayEndpoint: replay})
+	defer pub.Close()
+	_, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: replay})
+	last := syncUp(t, pub, rec)
+	for i := range 20 {
+		if i%5 == 2 { // replayed
+			pub.Drop(body(i))
+		} else {
+			pub.Publish(body(i))
+		}
+	}
+	for i := range 20 {
+		c := rec.next(t)
+		want := Position{Seq: last + 1 + uint64(i), Fingerprint: Fingerprint(body(i)), Known: true}
+		if c.seq != want.Seq || c.pos != want {
+			t.Fatalf("batch %d: seq %d, Position %+v; want seq %d, Position %+v", i, c.seq, c.pos, want.Seq, want)
+		}
+	}
+}
+
 func TestGapWithoutReplayIsCountedAndResets(t *testing.T) {
 	ep := freeTCP(t)
 	pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep})
