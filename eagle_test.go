@@ -6,12 +6,13 @@ import (
 
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 )
 
 // sglangEagle is how SGLang with EAGLE publishes: bigram token ids (one
 // more token than its blocks), map events with signed hashes and a
 // cache_salt key.
-var sglangEagle = codec.Layout{SignedHashes: true, SaltKey: true}
+var sglangEagle = engineenc.Layout{SignedHashes: true, SaltKey: true}
 
 // storeEagle publishes the blocks of tokens (whole blocks and the token
 // after them) as one bigram BlockStored chained to the last.
@@ -25,7 +26,7 @@ func (e *engine) storeEagle(tokens []uint32, mods ...func(*codec.Event)) {
 		m(&ev)
 	}
 	e.parent = e.next
-	e.pub.Publish(codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{ev}}, sglangEagle))
+	e.pub.Publish(engineenc.AppendBatch(nil, &codec.Batch{Events: []codec.Event{ev}}, sglangEagle))
 }
 
 // A mixed fleet: an SGLang worker with EAGLE and a plain one cache the same

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 
 	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"github.com/kvpipe/kvpipe/internal/wiretest"
 )
 
@@ -32,7 +33,7 @@ func startEngine() *engine {
 // caches publishes a BlockStored of tokens, two blocks of 16.
 func (e *engine) caches(tokens []uint32) {
 	ev := codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{101, 102}, TokenIDs: tokens, BlockSize: 16, Medium: "GPU"}
-	e.publisher.Publish(codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{ev}}, codec.CurrentVLLM))
+	e.publisher.Publish(engineenc.AppendBatch(nil, &codec.Batch{Events: []codec.Event{ev}}, engineenc.CurrentVLLM))
 }
 
 func (e *engine) stop() {

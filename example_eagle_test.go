@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 )
 
 // A router with an SGLang engine running EAGLE speculative decoding beside
@@ -69,5 +70,5 @@ func Example_eagle() {
 // bigram token ids, two pages of 16 and the token after them.
 func (e *engine) cachesEagle(tokens []uint32) {
 	ev := codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{201, 202}, TokenIDs: tokens, Bigram: true, BlockSize: 16, Medium: "GPU"}
-	e.publisher.Publish(codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{ev}}, codec.Layout{SignedHashes: true, SaltKey: true}))
+	e.publisher.Publish(engineenc.AppendBatch(nil, &codec.Batch{Events: []codec.Event{ev}}, engineenc.Layout{SignedHashes: true, SaltKey: true}))
 }

@@ -71,6 +71,7 @@ import (
 	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"github.com/kvpipe/kvpipe/internal/faultproxy"
 	"github.com/kvpipe/kvpipe/internal/sim"
 	"github.com/kvpipe/kvpipe/internal/wiretest"
@@ -306,7 +307,7 @@ func (e *faultEngine) prepare() []byte {
 			e.keys[ext[i]] = e.hasher.Block(parent, i > 0, tokens[i*faultBlockSize:(i+1)*faultBlockSize])
 		}
 		e.served = append(e.served, idx)
-		return codec.AppendBatch(nil, &codec.Batch{TS: faultNow(), Events: evs}, codec.CurrentVLLM)
+		return engineenc.AppendBatch(nil, &codec.Batch{TS: faultNow(), Events: evs}, engineenc.CurrentVLLM)
 	}
 }
 
@@ -336,7 +337,7 @@ func (e *faultEngine) serveFresh(tag uint64, blocks int) []uint32 {
 		e.keys[ext[i]] = keys[i]
 	}
 	e.sent++
-	e.pub.Publish(codec.AppendBatch(nil, &codec.Batch{TS: faultNow(), Events: evs}, codec.CurrentVLLM))
+	e.pub.Publish(engineenc.AppendBatch(nil, &codec.Batch{TS: faultNow(), Events: evs}, engineenc.CurrentVLLM))
 	return tokens
 }
 
@@ -402,7 +403,7 @@ func (w *faultWorld) observe(worker string, seq uint64, payload []byte) {
 	}
 	var ts float64
 	if len(payload) >= 10 && payload[0] == 0x93 && payload[1] == 0xcb {
-		// [ts float64, events, dp rank], as codec.AppendBatch writes it: the
+		// [ts float64, events, dp rank], as engineenc.AppendBatch writes it: the
 		// stamp alone, without decoding the batch a second time.
 		ts = math.Float64frombits(binary.BigEndian.Uint64(payload[2:10]))
 	} else if err := w.decoder.Decode(payload, &w.batch); err == nil {
@@ -1583,7 +1584,7 @@ func faultRestartKeptCache(t *testing.T, mode faultParams) {
 		}
 	}
 	// A cache clear makes it whole again.
-	e.pub.Publish(codec.AppendBatch(nil, &codec.Batch{TS: faultNow(), Events: []codec.Event{e.cache.Clear()}}, codec.CurrentVLLM))
+	e.pub.Publish(engineenc.AppendBatch(nil, &codec.Batch{TS: faultNow(), Events: []codec.Event{e.cache.Clear()}}, engineenc.CurrentVLLM))
 	e.sent++
 	for range 10 {
 		e.step(false)
@@ -1643,7 +1644,7 @@ func faultBlockCap(t *testing.T, mode faultParams) {
 			t.Errorf("block %x matches, the engine does not hold it", ext)
 		}
 	}
-	e.pub.Publish(codec.AppendBatch(nil, &codec.Batch{TS: faultNow(), Events: []codec.Event{e.cache.Clear()}}, codec.CurrentVLLM))
+	e.pub.Publish(engineenc.AppendBatch(nil, &codec.Batch{TS: faultNow(), Events: []codec.Event{e.cache.Clear()}}, engineenc.CurrentVLLM))
 	e.sent++
 	for e.cache.Len() < maxBlocks/4 { // within the cap again
 		e.step(false)
@@ -1861,7 +1862,7 @@ func faultGarbageReplay(t *testing.T, mode faultParams) {
 		if b > 0 {
 			ev.ParentHash, ev.HasParent = uint64(b*per), true
 		}
-		send(nil, seqFrame(uint64(b)), codec.AppendBatch(nil, &codec.Batch{TS: faultNow(), Events: []codec.Event{ev}}, codec.CurrentVLLM))
+		send(nil, seqFrame(uint64(b)), engineenc.AppendBatch(nil, &codec.Batch{TS: faultNow(), Events: []codec.Event{ev}}, engineenc.CurrentVLLM))
 	}
 	start := time.Now()
 	took := w.converge("the good blocks indexed", 10*time.Second, func() error {
@@ -1978,7 +1979,7 @@ func faultIdleFleet(t *testing.T, mode faultParams) {
 	wcfg := faultWire()
 	wcfg.IdleTimeout = idle
 	w := newFaultWorldConfig(t, Config{Shards: 2, Subscriber: wcfg})
-	payload := codec.AppendBatch(nil, &codec.Batch{TS: faultNow(), Events: []codec.Event{{Type: codec.AllBlocksCleared}}}, codec.CurrentVLLM)
+	payload := engineenc.AppendBatch(nil, &codec.Batch{TS: faultNow(), Events: []codec.Event{{Type: codec.AllBlocksCleared}}}, engineenc.CurrentVLLM)
 	for i := range n {
 		var pub *wiretest.Publisher
 		for {

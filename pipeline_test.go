@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/kvpipe/kvpipe/internal/ztest"
 	"github.com/kvpipe/kvpipe/wire"
@@ -48,7 +49,7 @@ func (e *engine) store(tokens []uint32, blockSize int, mods ...func(*codec.Event
 		m(&ev)
 	}
 	e.parent = e.next
-	e.pub.Publish(codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{ev}}, codec.CurrentVLLM))
+	e.pub.Publish(engineenc.AppendBatch(nil, &codec.Batch{Events: []codec.Event{ev}}, engineenc.CurrentVLLM))
 }
 
 func prompt(seed, blocks int) []uint32 {

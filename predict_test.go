@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 )
 
 // clock is a settable clock for the predictions' TTLs.
@@ -290,7 +291,7 @@ func TestRoutedErrorsAndOff(t *testing.T) {
 
 // clearBatch is an engine's AllBlocksCleared.
 func clearBatch() []byte {
-	return codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{{Type: codec.AllBlocksCleared}}}, codec.CurrentVLLM)
+	return engineenc.AppendBatch(nil, &codec.Batch{Events: []codec.Event{{Type: codec.AllBlocksCleared}}}, engineenc.CurrentVLLM)
 }
 
 // A Source's workers take predictions too, which the fed ops settle as an

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/kvpipe/kvpipe/snapshot"
 	"github.com/kvpipe/kvpipe/wire"
@@ -42,7 +43,7 @@ func (e *engine) restart(t *testing.T, steps int) {
 
 func (e *engine) remove(hashes ...uint64) {
 	ev := codec.Event{Type: codec.BlockRemoved, BlockHashes: hashes}
-	e.pub.Publish(codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{ev}}, codec.CurrentVLLM))
+	e.pub.Publish(engineenc.AppendBatch(nil, &codec.Batch{Events: []codec.Event{ev}}, engineenc.CurrentVLLM))
 }
 
 // snapshotTo takes p's snapshot and saves it in a file.

@@ -9,6 +9,7 @@ import (
 	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"github.com/kvpipe/kvpipe/internal/sim"
 	"github.com/kvpipe/kvpipe/snapshot"
 	"github.com/kvpipe/kvpipe/wire"
@@ -64,7 +65,7 @@ func TestTapSeesEachBatchsOrigin(t *testing.T) {
 	for i := range big.BlockHashes {
 		big.BlockHashes[i] = uint64(i + 1)
 	}
-	payload := codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{big}}, codec.CurrentVLLM)
+	payload := engineenc.AppendBatch(nil, &codec.Batch{Events: []codec.Event{big}}, engineenc.CurrentVLLM)
 	h.HandleBatch(7, payload)
 	drain(ch, nil)
 	h.HandleReset(wire.ResetRestart)
@@ -106,7 +107,7 @@ func TestRepublishHandsTheTapTheWholeState(t *testing.T) {
 			}
 			evs, _ = e.ServeResult(evs[:0], &reqs[i], sim.InputTokens(nil, &reqs[i]))
 			if len(evs) > 0 {
-				h.HandleBatch(uint64(i), codec.AppendBatch(nil, &codec.Batch{Events: evs}, codec.CurrentVLLM))
+				h.HandleBatch(uint64(i), engineenc.AppendBatch(nil, &codec.Batch{Events: evs}, engineenc.CurrentVLLM))
 			}
 			held = drain(ch, held)
 		}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"github.com/kvpipe/kvpipe/wire"
 )
 
@@ -23,7 +24,7 @@ func newHarness(t *testing.T) *harness {
 }
 
 func (h *harness) send(events ...codec.Event) {
-	p := codec.AppendBatch(nil, &codec.Batch{Events: events}, codec.CurrentVLLM)
+	p := engineenc.AppendBatch(nil, &codec.Batch{Events: events}, engineenc.CurrentVLLM)
 	h.a.HandleBatch(0, p)
 	h.collect()
 }
@@ -243,7 +244,7 @@ func TestResyncKeepsThePrefixOfTheSameEngine(t *testing.T) {
 			a := New(Config{Worker: 3, BlockSize: 16, Shard: shards.Queue(3)})
 			system, question := tokens(1, 4, 16), tokens(2, 2, 16)
 			batch := func(events ...codec.Event) {
-				a.HandleBatch(0, codec.AppendBatch(nil, &codec.Batch{Events: events}, codec.CurrentVLLM))
+				a.HandleBatch(0, engineenc.AppendBatch(nil, &codec.Batch{Events: events}, engineenc.CurrentVLLM))
 			}
 			batch(codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{100, 101, 102, 103}, TokenIDs: system, BlockSize: 16})
 			for i := range 30 { // other conversations, then lost
@@ -286,7 +287,7 @@ func TestResyncKeepsThePrefixOfTheSameEngine(t *testing.T) {
 // began from an empty engine cache.
 func TestPartial(t *testing.T) {
 	batch := func(a *Actor, seq uint64, events ...codec.Event) {
-		a.HandleBatch(seq, codec.AppendBatch(nil, &codec.Batch{Events: events}, codec.CurrentVLLM))
+		a.HandleBatch(seq, engineenc.AppendBatch(nil, &codec.Batch{Events: events}, engineenc.CurrentVLLM))
 	}
 	steps := []struct {
 		name string

@@ -5,6 +5,7 @@ import (
 
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"github.com/kvpipe/kvpipe/internal/sim"
 )
 
@@ -38,9 +39,9 @@ func BenchmarkActorPath(b *testing.B) {
 			blocks += len(e.BlockHashes)
 		}
 		events += len(evs)
-		steps = append(steps, step{w, codec.AppendBatch(nil, &codec.Batch{TS: float64(r.TimestampMs), Events: evs}, codec.CurrentVLLM)})
+		steps = append(steps, step{w, engineenc.AppendBatch(nil, &codec.Batch{TS: float64(r.TimestampMs), Events: evs}, engineenc.CurrentVLLM)})
 	}
-	clearAll := codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{{Type: codec.AllBlocksCleared}}}, codec.CurrentVLLM)
+	clearAll := engineenc.AppendBatch(nil, &codec.Batch{Events: []codec.Event{{Type: codec.AllBlocksCleared}}}, engineenc.CurrentVLLM)
 	bytes := 0
 	for _, s := range steps {
 		bytes += len(s.payload)

@@ -6,12 +6,13 @@ import (
 
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 )
 
 // sendSGLang sends events as current SGLang publishes them (map events, a
 // cache_salt key, signed hashes).
 func (h *harness) sendSGLang(events ...codec.Event) {
-	h.a.HandleBatch(0, codec.AppendBatch(nil, &codec.Batch{Events: events}, codec.Layout{SignedHashes: true, SaltKey: true}))
+	h.a.HandleBatch(0, engineenc.AppendBatch(nil, &codec.Batch{Events: events}, engineenc.Layout{SignedHashes: true, SaltKey: true}))
 	h.collect()
 }
 

@@ -5,6 +5,7 @@ import (
 
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 )
 
 // FuzzActor: no payload, however it decodes, makes the actor panic; and the
@@ -31,8 +32,8 @@ func FuzzActor(f *testing.F) {
 			{Type: codec.BlockRemoved, BlockHashes: []uint64{2, 5}}}},
 	}
 	for _, b := range seeds {
-		f.Add(codec.AppendBatch(nil, &b, codec.CurrentVLLM))
-		f.Add(codec.AppendBatch(nil, &b, codec.Layout{ArrayEvents: true}))
+		f.Add(engineenc.AppendBatch(nil, &b, engineenc.CurrentVLLM))
+		f.Add(engineenc.AppendBatch(nil, &b, engineenc.Layout{ArrayEvents: true}))
 	}
 	f.Fuzz(func(t *testing.T, payload []byte) {
 		for _, bp := range []Backpressure{Block, Drop} {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 )
 
 // The actor's keys for an engine's events of a request are the router's
@@ -18,20 +19,20 @@ func TestActorKeysEqualRequestKeys(t *testing.T) {
 	image := []index.MultiModal{{Hash: "A", Offset: 5, Length: 8}}
 	// vllmExtra: what vLLM attaches to each block: adapter, the image where
 	// the block overlaps it (offset from the block's start), salt on block 0.
-	vllmExtra := func(r *index.Request) [][]codec.ExtraKey {
-		out := make([][]codec.ExtraKey, len(r.Tokens)/bs)
+	vllmExtra := func(r *index.Request) [][]engineenc.ExtraKey {
+		out := make([][]engineenc.ExtraKey, len(r.Tokens)/bs)
 		for b := range out {
-			var keys []codec.ExtraKey
+			var keys []engineenc.ExtraKey
 			if r.Lora != "" {
-				keys = append(keys, codec.ExtraKey{Kind: codec.ExtraLoRA, Name: r.Lora})
+				keys = append(keys, engineenc.ExtraKey{Kind: engineenc.ExtraLoRA, Name: r.Lora})
 			}
 			for _, m := range r.MultiModal {
 				if start := b * bs; m.Offset < start+bs && start < m.Offset+m.Length {
-					keys = append(keys, codec.ExtraKey{Kind: codec.ExtraMultiModal, Modality: "image", Hash: m.Hash, Offset: int64(m.Offset - start)})
+					keys = append(keys, engineenc.ExtraKey{Kind: engineenc.ExtraMultiModal, Modality: "image", Hash: m.Hash, Offset: int64(m.Offset - start)})
 				}
 			}
 			if b == 0 && r.Salt != "" {
-				keys = append(keys, codec.ExtraKey{Kind: codec.ExtraCacheSalt, Name: r.Salt})
+				keys = append(keys, engineenc.ExtraKey{Kind: engineenc.ExtraCacheSalt, Name: r.Salt})
 			}
 			out[b] = keys
 		}
@@ -40,15 +41,15 @@ func TestActorKeysEqualRequestKeys(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		req    index.Request
-		layout codec.Layout
-		form   codec.ExtraForm
+		layout engineenc.Layout
+		form   engineenc.ExtraForm
 		sglang bool
 	}{
-		{"vLLM typed", index.Request{Lora: "ad", Salt: "t1", MultiModal: image}, codec.CurrentVLLM, codec.ExtraTyped, false},
-		{"vLLM tuples", index.Request{Lora: "ad", Salt: "t1", MultiModal: image}, codec.CurrentVLLM, codec.ExtraTuples, false},
-		{"vLLM positional", index.Request{MultiModal: image}, codec.Layout{ArrayEvents: true}, codec.ExtraTuples, false},
-		{"SGLang map", index.Request{LoraID: 3, HasLoraID: true, Salt: "t1"}, codec.Layout{SignedHashes: true, SaltKey: true}, 0, true},
-		{"SGLang array", index.Request{Salt: "t1"}, codec.Layout{ArrayEvents: true, StoredSlots: 8, SignedHashes: true, SaltKey: true}, 0, true},
+		{"vLLM typed", index.Request{Lora: "ad", Salt: "t1", MultiModal: image}, engineenc.CurrentVLLM, engineenc.ExtraTyped, false},
+		{"vLLM tuples", index.Request{Lora: "ad", Salt: "t1", MultiModal: image}, engineenc.CurrentVLLM, engineenc.ExtraTuples, false},
+		{"vLLM positional", index.Request{MultiModal: image}, engineenc.Layout{ArrayEvents: true}, engineenc.ExtraTuples, false},
+		{"SGLang map", index.Request{LoraID: 3, HasLoraID: true, Salt: "t1"}, engineenc.Layout{SignedHashes: true, SaltKey: true}, 0, true},
+		{"SGLang array", index.Request{Salt: "t1"}, engineenc.Layout{ArrayEvents: true, StoredSlots: 8, SignedHashes: true, SaltKey: true}, 0, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := tc.req
@@ -67,13 +68,13 @@ func TestActorKeysEqualRequestKeys(t *testing.T) {
 					e.LoraID, e.HasLoraID, e.CacheSalt = r.LoraID, r.HasLoraID, r.Salt
 				} else {
 					e.LoraName = r.Lora
-					e.ExtraKeys = codec.AppendExtraKeys(nil, extra[span[0]:span[1]], tc.form)
+					e.ExtraKeys = engineenc.AppendExtraKeys(nil, extra[span[0]:span[1]], tc.form)
 				}
 				batch.Events = append(batch.Events, e)
 			}
 			ch := make(chan *index.Batch, 16)
 			h := &harness{t: t, a: New(Config{Worker: 1, BlockSize: bs, Shard: ch}), shard: ch}
-			h.a.HandleBatch(0, codec.AppendBatch(nil, &batch, tc.layout))
+			h.a.HandleBatch(0, engineenc.AppendBatch(nil, &batch, tc.layout))
 			h.collect()
 			var got []uint64
 			for _, o := range h.ops {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"github.com/kvpipe/kvpipe/internal/sim"
 	"github.com/kvpipe/kvpipe/wire"
 )
@@ -41,7 +42,7 @@ func TestPipelineAgainstEngines(t *testing.T) {
 				evs, _ = engines[w].Serve(evs[:0], &reqs[i], sim.PromptTokens(nil, &reqs[i]))
 			}
 			if len(evs) > 0 {
-				actors[w].HandleBatch(uint64(i), codec.AppendBatch(nil, &codec.Batch{Events: evs}, codec.CurrentVLLM))
+				actors[w].HandleBatch(uint64(i), engineenc.AppendBatch(nil, &codec.Batch{Events: evs}, engineenc.CurrentVLLM))
 			}
 			if err := shards.Sync(context.Background()); err != nil {
 				t.Fatal(err)
@@ -73,7 +74,7 @@ func TestPipelineAgainstEngines(t *testing.T) {
 func TestDropBackpressure(t *testing.T) {
 	ch := make(chan *index.Batch) // no buffer and nobody reading: always full
 	a := New(Config{Worker: 1, BlockSize: 16, Shard: ch, Backpressure: Drop})
-	payload := codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{stored(1, 16)}}, codec.CurrentVLLM)
+	payload := engineenc.AppendBatch(nil, &codec.Batch{Events: []codec.Event{stored(1, 16)}}, engineenc.CurrentVLLM)
 	a.HandleBatch(0, payload)
 	a.HandleBatch(1, payload)
 	if got := a.Stats().DroppedBatches; got != 2 {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 )
 
 // With Block, a shard that stops reading holds the actor at exactly its
@@ -17,7 +18,7 @@ func TestBlockStopsAtTheShardQueue(t *testing.T) {
 	a := New(Config{Worker: 1, BlockSize: 16, Shard: ch, Done: done})
 	var payloads [][]byte
 	for i := range 3 * depth {
-		payloads = append(payloads, codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{stored(uint64(i+1), 16)}}, codec.CurrentVLLM))
+		payloads = append(payloads, engineenc.AppendBatch(nil, &codec.Batch{Events: []codec.Event{stored(uint64(i+1), 16)}}, engineenc.CurrentVLLM))
 	}
 	handled := make(chan int, 3*depth)
 	finished := make(chan struct{})
@@ -66,7 +67,7 @@ func TestDropOverloadAllocatesNothing(t *testing.T) {
 	a := New(Config{Worker: 1, BlockSize: 16, Shard: ch, Backpressure: Drop})
 	// Each batch stores and removes one block, so each has ops to flush.
 	remove := codec.Event{Type: codec.BlockRemoved, BlockHashes: []uint64{1}}
-	payload := codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{stored(1, 16), remove}}, codec.CurrentVLLM)
+	payload := engineenc.AppendBatch(nil, &codec.Batch{Events: []codec.Event{stored(1, 16), remove}}, engineenc.CurrentVLLM)
 	for i := range 16 { // fill the queue and make every batch the actor may have
 		a.HandleBatch(uint64(i), payload)
 	}
@@ -88,7 +89,7 @@ func TestStoppingWorkerStillSendsWhatFits(t *testing.T) {
 		done := make(chan struct{})
 		close(done)
 		a := New(Config{Worker: 1, BlockSize: 16, Shard: ch, Done: done})
-		a.HandleBatch(0, codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{stored(1, 16)}}, codec.CurrentVLLM))
+		a.HandleBatch(0, engineenc.AppendBatch(nil, &codec.Batch{Events: []codec.Event{stored(1, 16)}}, engineenc.CurrentVLLM))
 		if len(ch) != 1 {
 			t.Fatal("a stopping worker dropped a batch its shard had room for")
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"github.com/kvpipe/kvpipe/internal/sim"
 	"github.com/kvpipe/kvpipe/snapshot"
 	"github.com/kvpipe/kvpipe/wire"
@@ -147,7 +148,7 @@ func TestRestoredActorGoesOnLikeTheOriginal(t *testing.T) {
 							a.HandleReset(*reset)
 						}
 						if len(evs) > 0 {
-							a.HandleBatch(uint64(i), codec.AppendBatch(nil, &codec.Batch{Events: evs}, codec.CurrentVLLM))
+							a.HandleBatch(uint64(i), engineenc.AppendBatch(nil, &codec.Batch{Events: evs}, engineenc.CurrentVLLM))
 						}
 					}
 					if i < restoreAt {
@@ -277,7 +278,7 @@ func TestTapSeesEveryBatch(t *testing.T) {
 	for i := range big.BlockHashes {
 		big.BlockHashes[i] = uint64(i + 1)
 	}
-	a.HandleBatch(7, codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{big}}, codec.CurrentVLLM))
+	a.HandleBatch(7, engineenc.AppendBatch(nil, &codec.Batch{Events: []codec.Event{big}}, engineenc.CurrentVLLM))
 	h.collect()
 	a.HandleReset(wire.ResetRestart)
 	h.collect()

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"github.com/kvpipe/kvpipe/wire"
 )
 
@@ -141,17 +142,17 @@ func TestAdapterAndSaltKeys(t *testing.T) {
 		name   string
 		mod    func(*codec.Event)
 		req    index.Request
-		layout codec.Layout
+		layout engineenc.Layout
 	}{
-		{"lora_name", func(e *codec.Event) { e.LoraName = "sql-lora" }, index.Request{Lora: "sql-lora"}, codec.CurrentVLLM},
-		{"lora_id alone", func(e *codec.Event) { e.LoraID, e.HasLoraID = 7, true }, index.Request{LoraID: 7, HasLoraID: true}, codec.CurrentVLLM},
-		{"SGLang's cache_salt", func(e *codec.Event) { e.CacheSalt = "tenant-a" }, index.Request{Salt: "tenant-a"}, codec.Layout{SaltKey: true}},
+		{"lora_name", func(e *codec.Event) { e.LoraName = "sql-lora" }, index.Request{Lora: "sql-lora"}, engineenc.CurrentVLLM},
+		{"lora_id alone", func(e *codec.Event) { e.LoraID, e.HasLoraID = 7, true }, index.Request{LoraID: 7, HasLoraID: true}, engineenc.CurrentVLLM},
+		{"SGLang's cache_salt", func(e *codec.Event) { e.CacheSalt = "tenant-a" }, index.Request{Salt: "tenant-a"}, engineenc.Layout{SaltKey: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
 			e := codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{1, 2}, TokenIDs: toks, BlockSize: 16}
 			tc.mod(&e)
-			h.a.HandleBatch(0, codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{e}}, tc.layout))
+			h.a.HandleBatch(0, engineenc.AppendBatch(nil, &codec.Batch{Events: []codec.Event{e}}, tc.layout))
 			h.collect()
 			req := tc.req
 			req.Tokens = toks
@@ -204,7 +205,7 @@ func TestTiersAfterAResync(t *testing.T) {
 	}
 	h.send(codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{2}, BlockSize: 16, Medium: "CPU"}) // offloaded again
 	h.a.HandleReset(wire.ResetGapLost)
-	h.a.HandleBatch(9, codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{{Type: codec.AllBlocksCleared, Medium: "GPU"}}}, codec.CurrentVLLM))
+	h.a.HandleBatch(9, engineenc.AppendBatch(nil, &codec.Batch{Events: []codec.Event{{Type: codec.AllBlocksCleared, Medium: "GPU"}}}, engineenc.CurrentVLLM))
 	if !h.a.Stats().Partial {
 		t.Error("a device clear made complete a worker whose host tier may hold blocks unknown to the index")
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"github.com/kvpipe/kvpipe/internal/sim"
 	"github.com/kvpipe/kvpipe/internal/wiretest"
 )
@@ -49,7 +50,7 @@ func load(b *testing.B) *workload {
 			b.Fatal(err)
 		}
 		b.Logf("trace: %s, %d requests", source, len(reqs))
-		w := &workload{clear: codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{{Type: codec.AllBlocksCleared}}}, codec.CurrentVLLM)}
+		w := &workload{clear: engineenc.AppendBatch(nil, &codec.Batch{Events: []codec.Event{{Type: codec.AllBlocksCleared}}}, engineenc.CurrentVLLM)}
 		var engines [workers]*sim.Engine
 		for i := range engines {
 			engines[i] = sim.NewEngine(blockSize, 100_000)
@@ -66,7 +67,7 @@ func load(b *testing.B) *workload {
 				w.blocks += len(e.BlockHashes)
 			}
 			w.events += len(evs)
-			f := codec.AppendBatch(nil, &codec.Batch{TS: float64(r.TimestampMs) / 1000, Events: evs}, codec.CurrentVLLM)
+			f := engineenc.AppendBatch(nil, &codec.Batch{TS: float64(r.TimestampMs) / 1000, Events: evs}, engineenc.CurrentVLLM)
 			w.bytes += len(f)
 			w.frames[wk] = append(w.frames[wk], f)
 		}

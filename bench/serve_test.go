@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -21,9 +22,11 @@ import (
 )
 
 // BenchmarkServe: BenchmarkLoopback's ingest (2 shards) into a pipeline run
-// by kvpipe serve, with its matches asked in process, over gRPC (h2c) and
-// over POST /v1/match on loopback, by one client flat out and at 5k/s
-// (flat out only for ingest=paced);
+// by kvpipe serve, with its matches asked in process, over gRPC (h2c: one
+// Match a call, MatchBatch of batchSize prompts a call, or MatchStream, one
+// prompt a message on one stream) and over POST /v1/match on loopback, by
+// one client flat out and at 5k calls/s (flat out only for ingest=paced and
+// the batch and the stream); finds are calls, matches/s counts prompts;
 // the client runs on the same cores. ingest=trace streams the trace in flat
 // out (the cores saturated), ingest=paced spread over 10 s a pass, and
 // ingest=idle asks the index the trace's first pass left, a second per
@@ -35,9 +38,9 @@ func BenchmarkServe(b *testing.B) {
 		ingests, rates = []string{"idle"}, []int{0}
 	}
 	for _, ingest := range ingests {
-		for _, via := range []string{"inprocess", "grpc", "json"} {
+		for _, via := range []string{"inprocess", "grpc", "grpc-batch", "grpc-stream", "json"} {
 			for _, rate := range rates {
-				if ingest == "paced" && rate > 0 {
+				if rate > 0 && (ingest == "paced" || strings.HasPrefix(via, "grpc-")) {
 					continue // 30 s a run even at -benchtime 1x: flat out says enough
 				}
 				q := "query=flat"
@@ -51,18 +54,22 @@ func BenchmarkServe(b *testing.B) {
 						spread = 10 * time.Second
 					}
 					p, pass := loopback(b, w, 2, spread, func(b *testing.B, p *kvpipe.Pipeline) { url = runServe(b, p) })
-					find := matcher(b, via, p, url)
+					find, perCall := matcher(b, via, p, url, w.prompts)
+					var calls atomic.Int64
+					counted := func(keys []uint64) error { calls.Add(1); return find(keys) }
 					if ingest != "idle" {
-						measure(b, w, rate, pass, find)
+						measure(b, w, rate, pass, counted)
+						b.ReportMetric(float64(calls.Load()*int64(perCall))/b.Elapsed().Seconds(), "matches/s")
 						return
 					}
-					// Idle, the process's CPU time is the calls': per call, a
+					// Idle, the process's CPU time is the calls': per match, a
 					// figure the machine's load does not move.
-					var calls atomic.Int64
 					pass = idle(w, pass)
 					before := cpuTime()
-					measure(b, w, rate, pass, func(keys []uint64) error { calls.Add(1); return find(keys) })
-					b.ReportMetric(float64((cpuTime()-before).Nanoseconds())/float64(max(calls.Load(), 1)), "cpu-ns/call")
+					measure(b, w, rate, pass, counted)
+					n := float64(max(calls.Load()*int64(perCall), 1))
+					b.ReportMetric(float64((cpuTime()-before).Nanoseconds())/n, "cpu-ns/match")
+					b.ReportMetric(n/b.Elapsed().Seconds(), "matches/s")
 				})
 			}
 		}
@@ -112,8 +119,14 @@ func runServe(b *testing.B, p *kvpipe.Pipeline) string {
 	return "http://" + l.Addr().String()
 }
 
-// matcher asks one prompt's keys the way via says.
-func matcher(b *testing.B, via string, p *kvpipe.Pipeline, url string) func([]uint64) error {
+// batchSize is how many prompts a grpc-batch call asks: what a router
+// gathers in well under a millisecond at 20,000 requests/s.
+const batchSize = 16
+
+// matcher asks one prompt's keys the way via says, and says how many
+// prompts each call asks: grpc-batch asks the prompt and the batchSize-1
+// prompts after it in prompts.
+func matcher(b *testing.B, via string, p *kvpipe.Pipeline, url string, prompts [][]uint64) (func([]uint64) error, int) {
 	ctx := context.Background()
 	tr := &http.Transport{Protocols: new(http.Protocols), MaxIdleConnsPerHost: 4}
 	tr.Protocols.SetUnencryptedHTTP2(true)
@@ -128,7 +141,11 @@ func matcher(b *testing.B, via string, p *kvpipe.Pipeline, url string) func([]ui
 		return func(keys []uint64) error {
 			_, err := c.Match(ctx, connect.NewRequest(&kvpipev1.MatchRequest{Keys: keys}))
 			return err
-		}
+		}, 1
+	case "grpc-batch":
+		return batchMatcher(kvpipev1connect.NewIndexServiceClient(client, url, connect.WithGRPC()), prompts), batchSize
+	case "grpc-stream":
+		return streamMatcher(b, kvpipev1connect.NewIndexServiceClient(client, url, connect.WithGRPC())), 1
 	case "json":
 		var body bytes.Buffer
 		return func(keys []uint64) error {
@@ -144,11 +161,52 @@ func matcher(b *testing.B, via string, p *kvpipe.Pipeline, url string) func([]ui
 				return fmt.Errorf("POST /v1/match: %s", resp.Status)
 			}
 			return err
-		}
+		}, 1
 	}
 	var dst []kvpipe.Match
 	return func(keys []uint64) (err error) {
 		dst, err = p.AppendMatches(ctx, dst[:0], keys)
+		return err
+	}, 1
+}
+
+// batchMatcher asks, in one MatchBatch, the prompt it is given and the
+// batchSize-1 after it in prompts (those after the last prompt so given).
+func batchMatcher(c kvpipev1connect.IndexServiceClient, prompts [][]uint64) func([]uint64) error {
+	reqs := make([]*kvpipev1.MatchRequest, batchSize)
+	for i := range reqs {
+		reqs[i] = &kvpipev1.MatchRequest{}
+	}
+	next := 0
+	return func(keys []uint64) error {
+		reqs[0].Keys = keys
+		for i := 1; i < batchSize; i++ {
+			reqs[i].Keys = prompts[(next+i)%len(prompts)]
+		}
+		next = (next + batchSize) % len(prompts)
+		resp, err := c.MatchBatch(context.Background(), connect.NewRequest(&kvpipev1.MatchBatchRequest{Requests: reqs}))
+		if err == nil && len(resp.Msg.Responses) != batchSize {
+			err = fmt.Errorf("MatchBatch: %d answers to %d requests", len(resp.Msg.Responses), batchSize)
+		}
+		return err
+	}
+}
+
+// streamMatcher asks each prompt on one MatchStream, waiting for its
+// answer before the next, until the benchmark ends.
+func streamMatcher(b *testing.B, c kvpipev1connect.IndexServiceClient) func([]uint64) error {
+	stream := c.MatchStream(context.Background())
+	b.Cleanup(func() {
+		stream.CloseRequest()
+		stream.CloseResponse()
+	})
+	var req kvpipev1.MatchRequest
+	return func(keys []uint64) error {
+		req.Keys = keys
+		if err := stream.Send(&req); err != nil {
+			return err
+		}
+		_, err := stream.Receive()
 		return err
 	}
 }

@@ -1,6 +1,8 @@
-package codec
+package codec_test
 
 import (
+	. "github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -31,21 +33,21 @@ func realisticBatch() Batch {
 }
 
 // realisticPayload is realisticBatch encoded in layout l.
-func realisticPayload(l Layout) []byte {
+func realisticPayload(l engineenc.Layout) []byte {
 	b := realisticBatch()
-	return AppendBatch(nil, &b, l)
+	return engineenc.AppendBatch(nil, &b, l)
 }
 
 // encodeLayouts are the layouts BenchmarkAppendBatch and the zero-allocation
 // test encode: both event forms, and the hash forms that take other paths.
 var encodeLayouts = []struct {
 	name string
-	l    Layout
+	l    engineenc.Layout
 }{
-	{"vllm-map", CurrentVLLM},
-	{"array", Layout{ArrayEvents: true}},
-	{"array-8-signed", Layout{ArrayEvents: true, StoredSlots: 8, SignedHashes: true}},
-	{"array-bin", Layout{ArrayEvents: true, BinHashes: true}},
+	{"vllm-map", engineenc.CurrentVLLM},
+	{"array", engineenc.Layout{ArrayEvents: true}},
+	{"array-8-signed", engineenc.Layout{ArrayEvents: true, StoredSlots: 8, SignedHashes: true}},
+	{"array-bin", engineenc.Layout{ArrayEvents: true, BinHashes: true}},
 }
 
 // BenchmarkAppendBatch encodes into a reused buffer, as a publisher would.
@@ -53,11 +55,11 @@ func BenchmarkAppendBatch(b *testing.B) {
 	for _, tc := range encodeLayouts {
 		b.Run(tc.name, func(b *testing.B) {
 			batch := realisticBatch()
-			dst := AppendBatch(nil, &batch, tc.l)
+			dst := engineenc.AppendBatch(nil, &batch, tc.l)
 			b.SetBytes(int64(len(dst)))
 			b.ReportAllocs()
 			for b.Loop() {
-				dst = AppendBatch(dst[:0], &batch, tc.l)
+				dst = engineenc.AppendBatch(dst[:0], &batch, tc.l)
 			}
 			b.ReportMetric(float64(b.N*eventsPerPayload)/b.Elapsed().Seconds(), "events/s")
 		})
@@ -69,8 +71,8 @@ const eventsPerPayload = 9
 func BenchmarkDecode(b *testing.B) {
 	for _, tc := range []struct {
 		name string
-		l    Layout
-	}{{"vllm-map", CurrentVLLM}, {"array", Layout{ArrayEvents: true}}} {
+		l    engineenc.Layout
+	}{{"vllm-map", engineenc.CurrentVLLM}, {"array", engineenc.Layout{ArrayEvents: true}}} {
 		b.Run("kvpipe/"+tc.name, func(b *testing.B) {
 			payload := realisticPayload(tc.l)
 			d := NewDecoder()
@@ -89,7 +91,7 @@ func BenchmarkDecode(b *testing.B) {
 	// extra keys, half raw tuples, half typed.
 	b.Run("kvpipe/vllm-map-extra-keys", func(b *testing.B) {
 		in := extraKeysBatch()
-		payload := AppendBatch(nil, &in, CurrentVLLM)
+		payload := engineenc.AppendBatch(nil, &in, engineenc.CurrentVLLM)
 		d := NewDecoder()
 		var batch Batch
 		b.SetBytes(int64(len(payload)))
@@ -109,7 +111,7 @@ func BenchmarkDecode(b *testing.B) {
 			e := &in.Events[i]
 			e.TokenIDs, e.Bigram = append(e.TokenIDs, 1), true
 		}
-		payload := AppendBatch(nil, &in, Layout{SignedHashes: true, SaltKey: true})
+		payload := engineenc.AppendBatch(nil, &in, engineenc.Layout{SignedHashes: true, SaltKey: true})
 		d := NewDecoder()
 		var batch Batch
 		b.SetBytes(int64(len(payload)))
@@ -124,7 +126,7 @@ func BenchmarkDecode(b *testing.B) {
 	// The same map-form payload through a reflection decoder, the way the Go
 	// peer (llm-d) decodes: a fresh value per message.
 	b.Run("reflection-vmihailenco/vllm-map", func(b *testing.B) {
-		payload := realisticPayload(CurrentVLLM)
+		payload := realisticPayload(engineenc.CurrentVLLM)
 		b.SetBytes(int64(len(payload)))
 		b.ReportAllocs()
 		for b.Loop() {
@@ -164,7 +166,7 @@ type reflEvent struct {
 
 // The reflection decoder must read the same thing, or the comparison means nothing.
 func TestReflectionBaselineAgrees(t *testing.T) {
-	payload := realisticPayload(CurrentVLLM)
+	payload := realisticPayload(engineenc.CurrentVLLM)
 	var refl reflBatch
 	if err := msgpack.Unmarshal(payload, &refl); err != nil {
 		t.Fatal(err)

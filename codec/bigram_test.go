@@ -1,6 +1,8 @@
-package codec
+package codec_test
 
 import (
+	. "github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"strings"
 	"testing"
 
@@ -24,19 +26,19 @@ func eagleBatch() Batch {
 // engine with them uses: SGLang's array events (7 slots, 8 with a salt
 // map), its map events, and the longer vLLM-shaped arrays and batch maps.
 func TestBigramsDecodeInEveryLayout(t *testing.T) {
-	layouts := []Layout{
+	layouts := []engineenc.Layout{
 		{ArrayEvents: true, StoredSlots: 7, SignedHashes: true},
 		{ArrayEvents: true, StoredSlots: 8, SignedHashes: true, SaltKey: true},
 		{SignedHashes: true, SaltKey: true},
 		{ArrayEvents: true},
-		CurrentVLLM,
+		engineenc.CurrentVLLM,
 		{MapBatch: true, BinHashes: true},
 	}
 	d := NewDecoder()
 	for _, l := range layouts {
 		want := eagleBatch()
 		want.Events[0].CacheSalt = "tenant-1"
-		p := AppendBatch(nil, &want, l)
+		p := engineenc.AppendBatch(nil, &want, l)
 		for i := range want.Events {
 			want.Events[i] = keepSlots(want.Events[i], max(l.StoredSlots, 12*boolInt(l.StoredSlots == 0)), l)
 		}
@@ -68,11 +70,11 @@ func TestBigramErrors(t *testing.T) {
 		p = msgp.AppendArrayHeader(p, 2)
 		p = msgp.AppendArrayHeader(p, 5)
 		p = msgp.AppendString(p, "BlockStored")
-		p = appendHashes(p, []uint64{1}, Layout{})
+		p = engineenc.AppendHashes(p, []uint64{1}, engineenc.Layout{})
 		p = msgp.AppendNil(p)
 		p = append(p, tokens...)
-		p = appendInt(p, 2)
-		p = appendMapEvent(p, &Event{Type: AllBlocksCleared}, Layout{})
+		p = engineenc.AppendInt(p, 2)
+		p = engineenc.AppendEvent(p, &Event{Type: AllBlocksCleared}, engineenc.Layout{})
 		return msgp.AppendNil(p)
 	}
 	cases := []struct {
@@ -111,10 +113,10 @@ func TestKindInGroupSlot(t *testing.T) {
 		p = msgp.AppendArrayHeader(p, 1)
 		p = msgp.AppendArrayHeader(p, 11)
 		p = msgp.AppendString(p, "BlockStored")
-		p = appendHashes(p, []uint64{1}, Layout{})
+		p = engineenc.AppendHashes(p, []uint64{1}, engineenc.Layout{})
 		p = msgp.AppendNil(p)
-		p = appendTokens(p, []uint32{1, 2}, false)
-		p = appendInt(p, 2)
+		p = engineenc.AppendTokens(p, []uint32{1, 2}, false)
+		p = engineenc.AppendInt(p, 2)
 		for range 4 {
 			p = msgp.AppendNil(p)
 		}
@@ -149,13 +151,13 @@ func TestKindInGroupSlot(t *testing.T) {
 // One unreadable event costs only itself, in either form, wherever it is;
 // a truncated one still rejects its batch, as nothing after it can be read.
 func TestUnreadableEventCostsOnlyItself(t *testing.T) {
-	for _, l := range []Layout{CurrentVLLM, {ArrayEvents: true, StoredSlots: 7}} {
+	for _, l := range []engineenc.Layout{engineenc.CurrentVLLM, {ArrayEvents: true, StoredSlots: 7}} {
 		good := eagleBatch()
 		for bad := range good.Events {
 			in := eagleBatch()
 			in.Events[bad].BlockSize = -1 // out of range: written, never decoded
 			var b Batch
-			if err := NewDecoder().Decode(AppendBatch(nil, &in, l), &b); err != nil {
+			if err := NewDecoder().Decode(engineenc.AppendBatch(nil, &in, l), &b); err != nil {
 				t.Fatalf("%+v: the batch was rejected: %v", l, err)
 			}
 			if in.Events[bad].Type != BlockStored { // BlockRemoved carries no block size
@@ -170,7 +172,7 @@ func TestUnreadableEventCostsOnlyItself(t *testing.T) {
 		}
 	}
 	in := eagleBatch()
-	p := AppendBatch(nil, &in, CurrentVLLM)
+	p := engineenc.AppendBatch(nil, &in, engineenc.CurrentVLLM)
 	var b Batch
 	if err := NewDecoder().Decode(p[:len(p)/2], &b); err == nil || len(b.Events) != 0 || len(b.Invalid) != 0 {
 		t.Errorf("truncated: %v, %d events, %d errors; want the batch rejected", err, len(b.Events), len(b.Invalid))
@@ -183,9 +185,9 @@ func TestSteadyStateBigramDecodeAllocatesNothing(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates on its own")
 	}
-	for _, l := range []Layout{{ArrayEvents: true, StoredSlots: 7, SignedHashes: true}, {SignedHashes: true, SaltKey: true}} {
+	for _, l := range []engineenc.Layout{{ArrayEvents: true, StoredSlots: 7, SignedHashes: true}, {SignedHashes: true, SaltKey: true}} {
 		in := eagleBatch()
-		p := AppendBatch(nil, &in, l)
+		p := engineenc.AppendBatch(nil, &in, l)
 		d := NewDecoder()
 		var b Batch
 		if err := d.Decode(p, &b); err != nil {

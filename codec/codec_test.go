@@ -1,8 +1,10 @@
-package codec
+package codec_test
 
 import (
 	"errors"
 	"fmt"
+	. "github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"strings"
 	"testing"
 
@@ -20,7 +22,7 @@ func fullBatch() Batch {
 		{Type: BlockStored, BlockHashes: []uint64{1 << 63, 42, 0}, ParentHash: 99, HasParent: true,
 			TokenIDs: []uint32{0, 1, 1<<32 - 1, 7, 8, 9}, BlockSize: 2, LoraID: 3, HasLoraID: true,
 			Medium: "CPU_PINNED", LoraName: "adapter-a", ExtraKeys: []byte{0x93, 0xc0, 0xc0, 0x92, 0xa1, 'x', 0x05},
-			BlockExtra: []uint64{0, 0, digestOf(func(d *extrakeys.Digest) { d.Raw(rawStr, []byte("x"), 0); d.Raw(rawUint, nil, 5) })},
+			BlockExtra: []uint64{0, 0, digestOf(func(d *extrakeys.Digest) { d.Raw(RawStr, []byte("x"), 0); d.Raw(RawUint, nil, 5) })},
 			GroupIdx:   1, HasGroupIdx: true, SpecKind: "sliding_window", SlidingWindow: 4096, HasSlidingWindow: true},
 		{Type: BlockStored, BlockHashes: []uint64{5}, TokenIDs: []uint32{1, 2}, BlockSize: 2, CacheSalt: "tenant-7"},
 		{Type: BlockRemoved, BlockHashes: []uint64{42, 1 << 63}, Medium: "GPU", GroupIdx: 2, HasGroupIdx: true},
@@ -29,7 +31,7 @@ func fullBatch() Batch {
 }
 
 // keepSlots is what an array layout of n BlockStored slots can carry of e.
-func keepSlots(e Event, n int, l Layout) Event {
+func keepSlots(e Event, n int, l engineenc.Layout) Event {
 	if e.Type != BlockStored {
 		return e
 	}
@@ -63,23 +65,23 @@ func keepSlots(e Event, n int, l Layout) Event {
 func TestRoundTripEveryLayout(t *testing.T) {
 	layouts := []struct {
 		name string
-		l    Layout
+		l    engineenc.Layout
 	}{
-		{"vllm-map", CurrentVLLM},
-		{"vllm-map-bin-hashes", Layout{BinHashes: true}},
-		{"map-batch", Layout{MapBatch: true}},
-		{"sglang-signed", Layout{ArrayEvents: true, StoredSlots: 8, SignedHashes: true}},
-		{"sglang-salt-metadata", Layout{ArrayEvents: true, StoredSlots: 8, SignedHashes: true, SaltKey: true}},
-		{"sglang-salt-map", Layout{SignedHashes: true, SaltKey: true}},
-		{"array-12-salt", Layout{ArrayEvents: true, SaltKey: true}},
-		{"array-5", Layout{ArrayEvents: true, StoredSlots: 5}},
-		{"array-6-lora-id", Layout{ArrayEvents: true, StoredSlots: 6}},
-		{"array-7-medium", Layout{ArrayEvents: true, StoredSlots: 7}},
-		{"array-8-lora-name", Layout{ArrayEvents: true, StoredSlots: 8}},
-		{"array-9-extra-keys", Layout{ArrayEvents: true, StoredSlots: 9}},
-		{"array-10-group", Layout{ArrayEvents: true, StoredSlots: 10}},
-		{"array-12-full", Layout{ArrayEvents: true}},
-		{"array-two-element-batch", Layout{ArrayEvents: true, NoDPRank: true}},
+		{"vllm-map", engineenc.CurrentVLLM},
+		{"vllm-map-bin-hashes", engineenc.Layout{BinHashes: true}},
+		{"map-batch", engineenc.Layout{MapBatch: true}},
+		{"sglang-signed", engineenc.Layout{ArrayEvents: true, StoredSlots: 8, SignedHashes: true}},
+		{"sglang-salt-metadata", engineenc.Layout{ArrayEvents: true, StoredSlots: 8, SignedHashes: true, SaltKey: true}},
+		{"sglang-salt-map", engineenc.Layout{SignedHashes: true, SaltKey: true}},
+		{"array-12-salt", engineenc.Layout{ArrayEvents: true, SaltKey: true}},
+		{"array-5", engineenc.Layout{ArrayEvents: true, StoredSlots: 5}},
+		{"array-6-lora-id", engineenc.Layout{ArrayEvents: true, StoredSlots: 6}},
+		{"array-7-medium", engineenc.Layout{ArrayEvents: true, StoredSlots: 7}},
+		{"array-8-lora-name", engineenc.Layout{ArrayEvents: true, StoredSlots: 8}},
+		{"array-9-extra-keys", engineenc.Layout{ArrayEvents: true, StoredSlots: 9}},
+		{"array-10-group", engineenc.Layout{ArrayEvents: true, StoredSlots: 10}},
+		{"array-12-full", engineenc.Layout{ArrayEvents: true}},
+		{"array-two-element-batch", engineenc.Layout{ArrayEvents: true, NoDPRank: true}},
 	}
 	d := NewDecoder()
 	for _, tc := range layouts {
@@ -98,7 +100,7 @@ func TestRoundTripEveryLayout(t *testing.T) {
 				}
 			}
 			var got Batch
-			if err := d.Decode(AppendBatch(nil, &in, tc.l), &got); err != nil {
+			if err := d.Decode(engineenc.AppendBatch(nil, &in, tc.l), &got); err != nil {
 				t.Fatal(err)
 			}
 			if diff := gocmp.Diff(want, got, batchCmp); diff != "" {
@@ -113,11 +115,11 @@ func TestReuseLeavesNoStaleFields(t *testing.T) {
 	d := NewDecoder()
 	var b Batch
 	full := fullBatch()
-	if err := d.Decode(AppendBatch(nil, &full, Layout{ArrayEvents: true}), &b); err != nil {
+	if err := d.Decode(engineenc.AppendBatch(nil, &full, engineenc.Layout{ArrayEvents: true}), &b); err != nil {
 		t.Fatal(err)
 	}
 	short := Batch{Events: []Event{{Type: BlockStored, BlockHashes: []uint64{8}, TokenIDs: []uint32{3, 4}, BlockSize: 2}}}
-	if err := d.Decode(AppendBatch(nil, &short, Layout{ArrayEvents: true, StoredSlots: 5, NoDPRank: true}), &b); err != nil {
+	if err := d.Decode(engineenc.AppendBatch(nil, &short, engineenc.Layout{ArrayEvents: true, StoredSlots: 5, NoDPRank: true}), &b); err != nil {
 		t.Fatal(err)
 	}
 	if diff := gocmp.Diff(short, b, batchCmp); diff != "" {
@@ -134,9 +136,9 @@ func TestToleratesNewerAndOlderEngines(t *testing.T) {
 	stored := func(extraSlots ...func([]byte) []byte) []byte {
 		p := msgp.AppendArrayHeader(nil, uint32(12+len(extraSlots)))
 		p = msgp.AppendString(p, "BlockStored")
-		p = appendHashes(p, []uint64{11}, Layout{})
+		p = engineenc.AppendHashes(p, []uint64{11}, engineenc.Layout{})
 		p = msgp.AppendNil(p)
-		p = appendTokens(p, []uint32{1, 2}, false)
+		p = engineenc.AppendTokens(p, []uint32{1, 2}, false)
 		p = msgp.AppendInt(p, 2)
 		for range 7 {
 			p = msgp.AppendNil(p)
@@ -210,13 +212,13 @@ func TestToleratesNewerAndOlderEngines(t *testing.T) {
 
 func TestDecodeErrors(t *testing.T) {
 	good := fullBatch()
-	valid := AppendBatch(nil, &good, CurrentVLLM)
+	valid := engineenc.AppendBatch(nil, &good, engineenc.CurrentVLLM)
 	// ev builds a batch of a valid BlockStored followed by a map event of the given fields.
 	ev := func(fields ...any) []byte {
 		p := msgp.AppendArrayHeader(nil, 3)
 		p = msgp.AppendFloat64(p, 0)
 		p = msgp.AppendArrayHeader(p, 2)
-		p = appendMapEvent(p, &good.Events[1], CurrentVLLM)
+		p = engineenc.AppendEvent(p, &good.Events[1], engineenc.CurrentVLLM)
 		p = msgp.AppendMapHeader(p, uint32(len(fields)/2))
 		for i := 0; i < len(fields); i += 2 {
 			p = msgp.AppendString(p, fields[i].(string))
@@ -305,7 +307,7 @@ func TestSteadyStateDecodeAllocatesNothing(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates on its own")
 	}
-	payload := realisticPayload(CurrentVLLM)
+	payload := realisticPayload(engineenc.CurrentVLLM)
 	d := NewDecoder()
 	var b Batch
 	if err := d.Decode(payload, &b); err != nil {
@@ -328,9 +330,9 @@ func TestAppendBatchAllocatesNothing(t *testing.T) {
 	}
 	for _, tc := range encodeLayouts {
 		b := realisticBatch()
-		dst := AppendBatch(nil, &b, tc.l)
-		if allocs := testing.AllocsPerRun(100, func() { dst = AppendBatch(dst[:0], &b, tc.l) }); allocs != 0 {
-			t.Errorf("%s: AppendBatch allocates %.1f times per batch, want 0", tc.name, allocs)
+		dst := engineenc.AppendBatch(nil, &b, tc.l)
+		if allocs := testing.AllocsPerRun(100, func() { dst = engineenc.AppendBatch(dst[:0], &b, tc.l) }); allocs != 0 {
+			t.Errorf("%s: engineenc.AppendBatch allocates %.1f times per batch, want 0", tc.name, allocs)
 		}
 	}
 }
@@ -349,8 +351,8 @@ func TestMainAttentionKinds(t *testing.T) {
 // rejected everything with zero limits).
 func TestDecoderZeroValue(t *testing.T) {
 	e := Event{Type: BlockStored, BlockHashes: []uint64{7}, TokenIDs: make([]uint32, 16), BlockSize: 16, Medium: "a-new-medium"}
-	p := AppendBatch(nil, &Batch{TS: 1, Events: []Event{e}}, CurrentVLLM)
-	for name, d := range map[string]*Decoder{"zero": {}, "limits only": {lim: defaultLimits}, "one limit": {lim: decodeLimits{MaxTokens: 8}}} {
+	p := engineenc.AppendBatch(nil, &Batch{TS: 1, Events: []Event{e}}, engineenc.CurrentVLLM)
+	for name, d := range map[string]*Decoder{"zero": {}, "limits only": LimitedDecoder(DefaultLimits), "one limit": LimitedDecoder(DecodeLimits{MaxTokens: 8})} {
 		var b Batch
 		err := d.Decode(p, &b)
 		if name == "one limit" {
@@ -367,7 +369,7 @@ func TestDecoderZeroValue(t *testing.T) {
 
 // A *Error wraps the msgpack reader's error, for errors.Is.
 func TestErrorUnwraps(t *testing.T) {
-	p := AppendBatch(nil, &Batch{TS: 1, Events: []Event{{Type: AllBlocksCleared}}}, CurrentVLLM)
+	p := engineenc.AppendBatch(nil, &Batch{TS: 1, Events: []Event{{Type: AllBlocksCleared}}}, engineenc.CurrentVLLM)
 	var b Batch
 	err := NewDecoder().Decode(p[:len(p)-3], &b)
 	var ce *Error

@@ -330,8 +330,9 @@ var (
 var minSlots = [...]uint32{BlockStored: 5, BlockRemoved: 2, AllBlocksCleared: 1}
 
 // slotsOf is the array slot table of t, nil for a tag without one. The
-// encoder and the decoder (past the tag, which picks the table) take
-// positions from it alone.
+// decoder (past the tag, which picks the table) takes positions from it
+// alone; internal/engineenc writes by a table of its own, and
+// TestSlotTablesAgree holds the two together.
 func slotsOf(t EventType) []field {
 	switch t {
 	case BlockStored:

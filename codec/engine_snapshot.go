@@ -267,39 +267,6 @@ func (d *Decoder) readSnapshotHashes(p []byte, blk *EngineSnapshotBlock) ([]byte
 	return p, nil
 }
 
-// AppendEngineSnapshotHeader appends h as SGLang encodes a KVSnapshotHeader (a
-// 7-element array, strings as str), whatever h.Version holds.
-func AppendEngineSnapshotHeader(dst []byte, h *EngineSnapshotHeader) []byte {
-	dst = msgp.AppendArrayHeader(dst, uint32(len(snapshotHeaderFields)))
-	dst = msgp.AppendInt(dst, h.Version)
-	dst = msgp.AppendString(dst, h.Epoch)
-	dst = msgp.AppendInt(dst, h.ReplicaRank)
-	dst = msgp.AppendUint64(dst, h.ResumeSeq)
-	dst = msgp.AppendUint64(dst, h.BarrierSeq)
-	dst = msgp.AppendString(dst, h.BarrierID)
-	return msgp.AppendInt(dst, h.RecordCount)
-}
-
-// AppendEngineSnapshotChunk appends blocks as SGLang encodes a
-// list[KVSnapshotBlock]: hashes as signed int64, a missing parent as nil.
-func AppendEngineSnapshotChunk(dst []byte, blocks []EngineSnapshotBlock) []byte {
-	dst = msgp.AppendArrayHeader(dst, uint32(len(blocks)))
-	for i := range blocks {
-		b := &blocks[i]
-		dst = msgp.AppendArrayHeader(dst, 2)
-		if b.HasParent {
-			dst = msgp.AppendInt64(dst, int64(b.Parent))
-		} else {
-			dst = msgp.AppendNil(dst)
-		}
-		dst = msgp.AppendArrayHeader(dst, uint32(len(b.Hashes)))
-		for _, h := range b.Hashes {
-			dst = msgp.AppendInt64(dst, int64(h))
-		}
-	}
-	return dst
-}
-
 // EngineSnapshotRecords reads how many records a chunk holds from its array
 // header alone, so a client can check a snapshot against its header's
 // record count without decoding it.

@@ -1,8 +1,10 @@
-package codec
+package codec_test
 
 import (
 	"bytes"
 	"encoding/hex"
+	. "github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"strings"
 	"testing"
 
@@ -66,7 +68,7 @@ func TestDecodeSnapshotHeader(t *testing.T) {
 		payload []byte
 		want    EngineSnapshotHeader
 	}{
-		{"encoder", AppendEngineSnapshotHeader(nil, &want), want},
+		{"encoder", engineenc.AppendEngineSnapshotHeader(nil, &want), want},
 		// Python msgpack.packb([1, epoch, 0, 6, 5, barrier_id, 3]), as msgspec writes it.
 		{"python-packed", mustHex(t, "9701d9203031323334353637383961626364656630313233343536373839616263646566000605d920666564636261393837363534333231306665646362613938373635343332313003"),
 			EngineSnapshotHeader{Version: 1, Epoch: "0123456789abcdef0123456789abcdef", ResumeSeq: 6, BarrierSeq: 5,
@@ -84,7 +86,7 @@ func TestDecodeSnapshotHeader(t *testing.T) {
 		{"largest seqs", headerOf(append(headerElems()[:3], msgp.AppendUint64(nil, 1<<64-1), msgp.AppendUint64(nil, 1<<64-2),
 			headerElems()[5], headerElems()[6])...),
 			func() EngineSnapshotHeader { h := want; h.ResumeSeq, h.BarrierSeq = 1<<64-1, 1<<64-2; return h }()},
-		{"empty epoch and no records", AppendEngineSnapshotHeader(nil, &EngineSnapshotHeader{Version: 1}), EngineSnapshotHeader{Version: 1}},
+		{"empty epoch and no records", engineenc.AppendEngineSnapshotHeader(nil, &EngineSnapshotHeader{Version: 1}), EngineSnapshotHeader{Version: 1}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -101,7 +103,7 @@ func TestDecodeSnapshotHeader(t *testing.T) {
 
 func TestDecodeSnapshotHeaderErrors(t *testing.T) {
 	h := testHeader()
-	valid := AppendEngineSnapshotHeader(nil, &h)
+	valid := engineenc.AppendEngineSnapshotHeader(nil, &h)
 	cases := []struct {
 		name    string
 		payload []byte
@@ -241,13 +243,13 @@ func TestDecodeSnapshotChunk(t *testing.T) {
 func TestDecodeSnapshotChunkReusesStorage(t *testing.T) {
 	d := NewDecoder()
 	big := []EngineSnapshotBlock{{Parent: 1, HasParent: true, Hashes: []uint64{2, 3, 4, 5}}, {Parent: 2, HasParent: true, Hashes: []uint64{6}}}
-	dst, err := d.DecodeEngineSnapshotChunk(AppendEngineSnapshotChunk(nil, big), nil)
+	dst, err := d.DecodeEngineSnapshotChunk(engineenc.AppendEngineSnapshotChunk(nil, big), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	first := &dst[0].Hashes[0]
 	small := []EngineSnapshotBlock{{Hashes: []uint64{9}}}
-	dst, err = d.DecodeEngineSnapshotChunk(AppendEngineSnapshotChunk(nil, small), dst)
+	dst, err = d.DecodeEngineSnapshotChunk(engineenc.AppendEngineSnapshotChunk(nil, small), dst)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,7 +264,7 @@ func TestDecodeSnapshotChunkReusesStorage(t *testing.T) {
 	for i := range many {
 		many[i] = EngineSnapshotBlock{Parent: uint64(i), HasParent: i > 0, Hashes: []uint64{uint64(100 + i)}}
 	}
-	dst, err = d.DecodeEngineSnapshotChunk(AppendEngineSnapshotChunk(nil, many), dst)
+	dst, err = d.DecodeEngineSnapshotChunk(engineenc.AppendEngineSnapshotChunk(nil, many), dst)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,49 +284,49 @@ func TestDecodeSnapshotChunkReusesStorage(t *testing.T) {
 func TestDecodeSnapshotChunkErrors(t *testing.T) {
 	nilp := msgp.AppendNil(nil)
 	one := hashesOf(msgp.AppendInt(nil, 1))
-	valid := AppendEngineSnapshotChunk(nil, []EngineSnapshotBlock{{Hashes: []uint64{1 << 62}}, {Parent: 1 << 62, HasParent: true, Hashes: []uint64{5, 6}}})
+	valid := engineenc.AppendEngineSnapshotChunk(nil, []EngineSnapshotBlock{{Hashes: []uint64{1 << 62}}, {Parent: 1 << 62, HasParent: true, Hashes: []uint64{5, 6}}})
 	oversize := []byte{0xdd, 0x00, 0x01, 0x00, 0x01} // 65,537 records
-	for range maxSnapshotChunkRecords + 1 {
+	for range MaxSnapshotChunkRecords + 1 {
 		oversize = append(oversize, 0x92, 0xc0, 0x90)
 	}
 	cases := []struct {
 		name    string
 		payload []byte
-		limits  decodeLimits
+		limits  DecodeLimits
 		want    string
 	}{
-		{"empty", nil, defaultLimits, "batch: snapshot chunk: truncated payload"},
-		{"nil", nilp, defaultLimits, "batch: snapshot chunk: expected array, got nil"},
-		{"a map", msgp.AppendMapHeader(nil, 0), defaultLimits, "batch: snapshot chunk: expected array, got map"},
-		{"record as int", chunkOf(msgp.AppendInt(nil, 5)), defaultLimits, "event 0: expected array (parent_block_hash, block_hashes), got int"},
-		{"record as map", chunkOf(record(nilp, one), msgp.AppendMapHeader(nil, 0)), defaultLimits, "event 1: expected array (parent_block_hash, block_hashes), got map"},
-		{"record of one slot", chunkOf(record(nilp)), defaultLimits, "event 0: record array of 1 elements, want at least 2 (parent_block_hash, block_hashes)"},
-		{"empty record", chunkOf(record()), defaultLimits, "event 0: record array of 0 elements, want at least 2"},
-		{"parent as string", chunkOf(record(msgp.AppendString(nil, "p"), one)), defaultLimits, "event 0: snapshot parent_block_hash: expected int, got str"},
-		{"parent as float", chunkOf(record(msgp.AppendFloat64(nil, 1), one)), defaultLimits, "event 0: snapshot parent_block_hash: expected int, got float64"},
-		{"hashes nil", chunkOf(record(nilp, nilp)), defaultLimits, "event 0: snapshot block_hashes: expected array, got nil"},
-		{"hashes as int", chunkOf(record(nilp, msgp.AppendInt(nil, 1))), defaultLimits, "event 0: snapshot block_hashes: expected array, got int"},
-		{"hash as string", chunkOf(record(nilp, one), record(nilp, hashesOf(msgp.AppendInt(nil, 1), msgp.AppendString(nil, "h")))), defaultLimits,
+		{"empty", nil, DefaultLimits, "batch: snapshot chunk: truncated payload"},
+		{"nil", nilp, DefaultLimits, "batch: snapshot chunk: expected array, got nil"},
+		{"a map", msgp.AppendMapHeader(nil, 0), DefaultLimits, "batch: snapshot chunk: expected array, got map"},
+		{"record as int", chunkOf(msgp.AppendInt(nil, 5)), DefaultLimits, "event 0: expected array (parent_block_hash, block_hashes), got int"},
+		{"record as map", chunkOf(record(nilp, one), msgp.AppendMapHeader(nil, 0)), DefaultLimits, "event 1: expected array (parent_block_hash, block_hashes), got map"},
+		{"record of one slot", chunkOf(record(nilp)), DefaultLimits, "event 0: record array of 1 elements, want at least 2 (parent_block_hash, block_hashes)"},
+		{"empty record", chunkOf(record()), DefaultLimits, "event 0: record array of 0 elements, want at least 2"},
+		{"parent as string", chunkOf(record(msgp.AppendString(nil, "p"), one)), DefaultLimits, "event 0: snapshot parent_block_hash: expected int, got str"},
+		{"parent as float", chunkOf(record(msgp.AppendFloat64(nil, 1), one)), DefaultLimits, "event 0: snapshot parent_block_hash: expected int, got float64"},
+		{"hashes nil", chunkOf(record(nilp, nilp)), DefaultLimits, "event 0: snapshot block_hashes: expected array, got nil"},
+		{"hashes as int", chunkOf(record(nilp, msgp.AppendInt(nil, 1))), DefaultLimits, "event 0: snapshot block_hashes: expected array, got int"},
+		{"hash as string", chunkOf(record(nilp, one), record(nilp, hashesOf(msgp.AppendInt(nil, 1), msgp.AppendString(nil, "h")))), DefaultLimits,
 			"event 1: snapshot block_hashes: [1]: expected int, got str"},
-		{"hash nil", chunkOf(record(nilp, hashesOf(nilp))), defaultLimits, "event 0: snapshot block_hashes: [0]: expected int, got nil"},
-		{"oversize chunk", oversize, defaultLimits, "batch: snapshot chunk: array of 65537 elements exceeds the limit of 65536"},
-		{"chunk header past the payload", []byte{0xdc, 0x01, 0x00, 0x92}, defaultLimits, "batch: snapshot chunk: array of 256 elements in 1 remaining bytes"},
-		{"huge chunk header", []byte{0xdd, 0xff, 0xff, 0xff, 0xff}, defaultLimits, "batch: snapshot chunk: array of 4294967295 elements exceeds the limit of 65536"},
+		{"hash nil", chunkOf(record(nilp, hashesOf(nilp))), DefaultLimits, "event 0: snapshot block_hashes: [0]: expected int, got nil"},
+		{"oversize chunk", oversize, DefaultLimits, "batch: snapshot chunk: array of 65537 elements exceeds the limit of 65536"},
+		{"chunk header past the payload", []byte{0xdc, 0x01, 0x00, 0x92}, DefaultLimits, "batch: snapshot chunk: array of 256 elements in 1 remaining bytes"},
+		{"huge chunk header", []byte{0xdd, 0xff, 0xff, 0xff, 0xff}, DefaultLimits, "batch: snapshot chunk: array of 4294967295 elements exceeds the limit of 65536"},
 		{"hashes over the limit", chunkOf(record(nilp, hashesOf(msgp.AppendInt(nil, 1), msgp.AppendInt(nil, 2), msgp.AppendInt(nil, 3)))),
-			decodeLimits{MaxBlocks: 2}, "event 0: snapshot block_hashes: array of 3 elements exceeds the limit of 2"},
-		{"hashes header past the payload", chunkOf(append(msgp.AppendArrayHeader(nil, 2), 0xc0, 0xdc, 0x10, 0x00)), defaultLimits,
+			DecodeLimits{MaxBlocks: 2}, "event 0: snapshot block_hashes: array of 3 elements exceeds the limit of 2"},
+		{"hashes header past the payload", chunkOf(append(msgp.AppendArrayHeader(nil, 2), 0xc0, 0xdc, 0x10, 0x00)), DefaultLimits,
 			"event 0: snapshot block_hashes: array of 4096 elements in 0 remaining bytes"},
-		{"truncated by one byte", valid[:len(valid)-1], defaultLimits, "event 1: snapshot block_hashes: array of 2 elements in 1 remaining bytes"},
-		{"truncated before a record", valid[:1], defaultLimits, "batch: snapshot chunk: array of 2 elements in 0 remaining bytes"},
-		{"truncated newer slot", chunkOf(record(nilp, one, []byte{0x92, 0x01})), defaultLimits, "event 0: truncated payload"},
-		{"truncated in a hash", []byte{0x91, 0x92, 0xc0, 0x92, 0x01, 0xd3, 0x01, 0x02}, defaultLimits,
+		{"truncated by one byte", valid[:len(valid)-1], DefaultLimits, "event 1: snapshot block_hashes: array of 2 elements in 1 remaining bytes"},
+		{"truncated before a record", valid[:1], DefaultLimits, "batch: snapshot chunk: array of 2 elements in 0 remaining bytes"},
+		{"truncated newer slot", chunkOf(record(nilp, one, []byte{0x92, 0x01})), DefaultLimits, "event 0: truncated payload"},
+		{"truncated in a hash", []byte{0x91, 0x92, 0xc0, 0x92, 0x01, 0xd3, 0x01, 0x02}, DefaultLimits,
 			"event 0: snapshot block_hashes: [1]: truncated payload"},
-		{"trailing garbage", append(append([]byte{}, valid...), 0x01), defaultLimits, "batch: snapshot chunk: 1 trailing bytes after the chunk"},
+		{"trailing garbage", append(append([]byte{}, valid...), 0x01), DefaultLimits, "batch: snapshot chunk: 1 trailing bytes after the chunk"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			d := NewDecoder()
-			d.lim = tc.limits
+			d.SetLimits(tc.limits)
 			got, err := d.DecodeEngineSnapshotChunk(tc.payload, nil)
 			if err == nil {
 				t.Fatalf("no error; decoded %d records", len(got))
@@ -352,8 +354,8 @@ func TestDecodeSnapshotChunkErrors(t *testing.T) {
 	}
 	// The bound is on records per chunk: exactly the limit decodes.
 	atLimit := append([]byte{0xdd, 0x00, 0x01, 0x00, 0x00}, oversize[5:len(oversize)-3]...)
-	if got, err := d.DecodeEngineSnapshotChunk(atLimit, nil); err != nil || len(got) != maxSnapshotChunkRecords {
-		t.Errorf("chunk of %d records: %d records, error %v", maxSnapshotChunkRecords, len(got), err)
+	if got, err := d.DecodeEngineSnapshotChunk(atLimit, nil); err != nil || len(got) != MaxSnapshotChunkRecords {
+		t.Errorf("chunk of %d records: %d records, error %v", MaxSnapshotChunkRecords, len(got), err)
 	}
 }
 
@@ -378,7 +380,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	h := testHeader()
 	for _, hh := range []EngineSnapshotHeader{h, {Version: 1}, {Version: 1, Epoch: "e", ReplicaRank: 1<<31 - 1, ResumeSeq: 1<<64 - 1, BarrierSeq: 1 << 63,
 		BarrierID: "\x00\xff", RecordCount: 1 << 40}} {
-		got, err := DecodeEngineSnapshotHeader(AppendEngineSnapshotHeader(nil, &hh))
+		got, err := DecodeEngineSnapshotHeader(engineenc.AppendEngineSnapshotHeader(nil, &hh))
 		if err != nil {
 			t.Fatalf("%+v: %v", hh, err)
 		}
@@ -388,10 +390,10 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	}
 	d := NewDecoder()
 	var dst []EngineSnapshotBlock
-	for _, blocks := range [][]EngineSnapshotBlock{nil, snapshotBlocks(1), snapshotBlocks(snapshotChunkRecords),
+	for _, blocks := range [][]EngineSnapshotBlock{nil, snapshotBlocks(1), snapshotBlocks(SnapshotChunkRecords),
 		{{Parent: 1<<64 - 1, HasParent: true, Hashes: []uint64{0, 1 << 63, 1<<63 - 1, 1<<64 - 1}}, {}}} {
 		var err error
-		if dst, err = d.DecodeEngineSnapshotChunk(AppendEngineSnapshotChunk(nil, blocks), dst); err != nil {
+		if dst, err = d.DecodeEngineSnapshotChunk(engineenc.AppendEngineSnapshotChunk(nil, blocks), dst); err != nil {
 			t.Fatalf("%d records: %v", len(blocks), err)
 		}
 		if diff := gocmp.Diff(blocks, dst, blockCmp); diff != "" {
@@ -440,7 +442,7 @@ func TestSteadyStateSnapshotDecodeAllocatesNothing(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates on its own")
 	}
-	payload := AppendEngineSnapshotChunk(nil, snapshotBlocks(snapshotChunkRecords))
+	payload := engineenc.AppendEngineSnapshotChunk(nil, snapshotBlocks(SnapshotChunkRecords))
 	d := NewDecoder()
 	dst, err := d.DecodeEngineSnapshotChunk(payload, nil)
 	if err != nil {
@@ -461,7 +463,7 @@ func TestSteadyStateSnapshotDecodeAllocatesNothing(t *testing.T) {
 }
 
 func BenchmarkDecodeSnapshotChunk(b *testing.B) {
-	payload := AppendEngineSnapshotChunk(nil, snapshotBlocks(snapshotChunkRecords))
+	payload := engineenc.AppendEngineSnapshotChunk(nil, snapshotBlocks(SnapshotChunkRecords))
 	d := NewDecoder()
 	dst, err := d.DecodeEngineSnapshotChunk(payload, nil) // steady state: storage already grown
 	if err != nil {
@@ -474,7 +476,7 @@ func BenchmarkDecodeSnapshotChunk(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	b.ReportMetric(float64(b.N*snapshotChunkRecords)/b.Elapsed().Seconds(), "records/s")
+	b.ReportMetric(float64(b.N*SnapshotChunkRecords)/b.Elapsed().Seconds(), "records/s")
 }
 
 // FuzzSnapshot: no input panics, errors are *Error, and whatever decodes (as
@@ -482,10 +484,10 @@ func BenchmarkDecodeSnapshotChunk(b *testing.B) {
 // splits joins back to itself.
 func FuzzSnapshot(f *testing.F) {
 	h := testHeader()
-	f.Add(AppendEngineSnapshotHeader(nil, &h))
+	f.Add(engineenc.AppendEngineSnapshotHeader(nil, &h))
 	f.Add(withElem(7, msgp.AppendArrayHeader(nil, 0)))
 	f.Add(withElem(1, msgp.AppendBytes(nil, []byte(h.Epoch))))
-	f.Add(AppendEngineSnapshotChunk(nil, snapshotBlocks(9)))
+	f.Add(engineenc.AppendEngineSnapshotChunk(nil, snapshotBlocks(9)))
 	f.Add(chunkOf(record(digest(3), hashesOf(digest(4), msgp.AppendInt8(nil, -2))), record(msgp.AppendNil(nil), hashesOf(), msgp.AppendNil(nil))))
 	f.Add([]byte("kv\x00sgl-kv-epoch=0123\x00sgl-kv-snapshot=ab"))
 	d := NewDecoder()
@@ -496,7 +498,7 @@ func FuzzSnapshot(f *testing.F) {
 				t.Fatalf("header error %T is not a *codec.Error: %v", err, err)
 			}
 		} else {
-			again, err := DecodeEngineSnapshotHeader(AppendEngineSnapshotHeader(nil, &hdr))
+			again, err := DecodeEngineSnapshotHeader(engineenc.AppendEngineSnapshotHeader(nil, &hdr))
 			if err != nil {
 				t.Fatalf("re-encoded header %+v does not decode: %v", hdr, err)
 			}
@@ -510,7 +512,7 @@ func FuzzSnapshot(f *testing.F) {
 				t.Fatalf("chunk error %T is not a *codec.Error: %v", err, err)
 			}
 		} else {
-			if second, err = d.DecodeEngineSnapshotChunk(AppendEngineSnapshotChunk(nil, first), second); err != nil {
+			if second, err = d.DecodeEngineSnapshotChunk(engineenc.AppendEngineSnapshotChunk(nil, first), second); err != nil {
 				t.Fatalf("re-encoded chunk does not decode: %v", err)
 			}
 			if len(first) != len(second) {
@@ -525,10 +527,10 @@ func FuzzSnapshot(f *testing.F) {
 		base, epoch, barrier := SplitTopic(p)
 		joined := append([]byte{}, base...)
 		if epoch != nil {
-			joined = append(append(joined, epochTopicMarker...), epoch...)
+			joined = append(append(joined, EpochTopicMarker...), epoch...)
 		}
 		if barrier != nil {
-			joined = append(append(joined, snapshotTopicMarker...), barrier...)
+			joined = append(append(joined, SnapshotTopicMarker...), barrier...)
 		}
 		if !bytes.Equal(joined, p) {
 			t.Fatalf("SplitTopic(%q) = %q, %q, %q, which do not join back", p, base, epoch, barrier)

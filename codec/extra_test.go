@@ -1,6 +1,8 @@
-package codec
+package codec_test
 
 import (
+	. "github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"strings"
 	"testing"
 
@@ -34,21 +36,21 @@ func extraKeysBatch() Batch {
 			continue
 		}
 		e.LoraName, e.LoraID, e.HasLoraID = "adapter-1", 1, true
-		blocks := make([][]ExtraKey, len(e.BlockHashes))
+		blocks := make([][]engineenc.ExtraKey, len(e.BlockHashes))
 		for j := range blocks {
-			blocks[j] = []ExtraKey{{Kind: ExtraLoRA, Name: "adapter-1"}}
+			blocks[j] = []engineenc.ExtraKey{{Kind: engineenc.ExtraLoRA, Name: "adapter-1"}}
 		}
 		img := "c0ffee" + strings.Repeat("ab", 29) // a blake3 hex digest's length
-		blocks[1] = append(blocks[1], ExtraKey{Kind: ExtraMultiModal, Modality: "image", Hash: img, Offset: 4})
-		blocks[2] = append(blocks[2], ExtraKey{Kind: ExtraMultiModal, Modality: "image", Hash: img, Offset: -12})
+		blocks[1] = append(blocks[1], engineenc.ExtraKey{Kind: engineenc.ExtraMultiModal, Modality: "image", Hash: img, Offset: 4})
+		blocks[2] = append(blocks[2], engineenc.ExtraKey{Kind: engineenc.ExtraMultiModal, Modality: "image", Hash: img, Offset: -12})
 		if !e.HasParent {
-			blocks[0] = append(blocks[0], ExtraKey{Kind: ExtraCacheSalt, Name: "tenant-0042"})
+			blocks[0] = append(blocks[0], engineenc.ExtraKey{Kind: engineenc.ExtraCacheSalt, Name: "tenant-0042"})
 		}
-		form := ExtraTuples
+		form := engineenc.ExtraTuples
 		if i%2 == 1 {
-			form = ExtraTyped
+			form = engineenc.ExtraTyped
 		}
-		e.ExtraKeys = AppendExtraKeys(nil, blocks, form)
+		e.ExtraKeys = engineenc.AppendExtraKeys(nil, blocks, form)
 	}
 	return b
 }
@@ -59,9 +61,9 @@ func TestSteadyStateDecodeWithExtraKeysAllocatesNothing(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates on its own")
 	}
-	for _, l := range []Layout{CurrentVLLM, {ArrayEvents: true}, {SaltKey: true}} {
+	for _, l := range []engineenc.Layout{engineenc.CurrentVLLM, {ArrayEvents: true}, {SaltKey: true}} {
 		in := extraKeysBatch()
-		payload := AppendBatch(nil, &in, l)
+		payload := engineenc.AppendBatch(nil, &in, l)
 		d := NewDecoder()
 		var b Batch
 		if err := d.Decode(payload, &b); err != nil {
@@ -88,13 +90,13 @@ func storedWith(fields ...any) []byte {
 	p = msgp.AppendFloat64(p, 0)
 	p = msgp.AppendArrayHeader(p, 1)
 	p = msgp.AppendMapHeader(p, uint32(4+len(fields)/2))
-	p = appendKey(p, "type", "BlockStored")
+	p = engineenc.AppendKey(p, "type", "BlockStored")
 	p = msgp.AppendString(p, "block_hashes")
-	p = appendHashes(p, []uint64{1, 2}, Layout{})
+	p = engineenc.AppendHashes(p, []uint64{1, 2}, engineenc.Layout{})
 	p = msgp.AppendString(p, "token_ids")
-	p = appendTokens(p, []uint32{1, 2, 3, 4}, false)
+	p = engineenc.AppendTokens(p, []uint32{1, 2, 3, 4}, false)
 	p = msgp.AppendString(p, "block_size")
-	p = appendInt(p, 2)
+	p = engineenc.AppendInt(p, 2)
 	for i := 0; i < len(fields); i += 2 {
 		p = msgp.AppendString(p, fields[i].(string))
 		p = append(p, fields[i+1].([]byte)...)
@@ -213,13 +215,13 @@ func TestExtraKeysDigestRules(t *testing.T) {
 		{"lora and salt only: no content", []any{"lora_name", raw("ad"), "extra_keys", blocks2([][]byte{lora, salt}, [][]byte{lora})},
 			"t1", []uint64{0, 0}},
 		{"salt on a non-root block is not adopted", []any{"parent_block_hash", raw(3), "extra_keys", blocks2([][]byte{salt}, nil)},
-			"", []uint64{digestOf(func(d *extrakeys.Digest) { d.Raw(rawStr, []byte("t1"), 0) }), 0}},
+			"", []uint64{digestOf(func(d *extrakeys.Digest) { d.Raw(RawStr, []byte("t1"), 0) }), 0}},
 		{"the last other string of a root is the salt", []any{"extra_keys", blocks2([][]byte{raw("a"), raw("b")}, nil)},
-			"b", []uint64{digestOf(func(d *extrakeys.Digest) { d.Raw(rawStr, []byte("a"), 0) }), 0}},
+			"b", []uint64{digestOf(func(d *extrakeys.Digest) { d.Raw(RawStr, []byte("a"), 0) }), 0}},
 		{"a stated salt wins; another string is content", []any{"cache_salt", raw("s"), "extra_keys", blocks2([][]byte{raw("x"), raw("s")}, nil)},
-			"s", []uint64{digestOf(func(d *extrakeys.Digest) { d.Raw(rawStr, []byte("x"), 0) }), 0}},
+			"s", []uint64{digestOf(func(d *extrakeys.Digest) { d.Raw(RawStr, []byte("x"), 0) }), 0}},
 		{"typed salt wins over strings", []any{"extra_keys", blocks2([][]byte{raw("x"), typed("type", "cache_salt", "salt", "y")}, nil)},
-			"y", []uint64{digestOf(func(d *extrakeys.Digest) { d.Raw(rawStr, []byte("x"), 0) }), 0}},
+			"y", []uint64{digestOf(func(d *extrakeys.Digest) { d.Raw(RawStr, []byte("x"), 0) }), 0}},
 		{"a lora prefix is stripped from identifiers", []any{"lora_name", raw("ad"), "extra_keys", blocks2(nil, [][]byte{pair("ad:h1", 2)})},
 			"", []uint64{0, mmDigest("h1", 2)}},
 		{"typed and tuple inputs agree, offsets count", []any{"extra_keys", blocks2(
@@ -228,21 +230,21 @@ func TestExtraKeysDigestRules(t *testing.T) {
 			"", []uint64{digestOf(func(d *extrakeys.Digest) { d.MultiModal("h1", 2); d.MultiModal("h2", -3) }), mmDigest("h1", 2)}},
 		{"prompt embeds: bytes either way", []any{"parent_block_hash", raw(3), "extra_keys", blocks2(
 			[][]byte{raw([]byte{1, 2})}, [][]byte{typed("type", "prompt_embeds", "hash", []byte{1, 2})})},
-			"", []uint64{digestOf(func(d *extrakeys.Digest) { d.Raw(rawBin, []byte{1, 2}, 0) }), digestOf(func(d *extrakeys.Digest) { d.Raw(rawBin, []byte{1, 2}, 0) })}},
+			"", []uint64{digestOf(func(d *extrakeys.Digest) { d.Raw(RawBin, []byte{1, 2}, 0) }), digestOf(func(d *extrakeys.Digest) { d.Raw(RawBin, []byte{1, 2}, 0) })}},
 		{"an unknown kind is raw content", []any{"parent_block_hash", raw(3), "extra_keys", blocks2(
 			[][]byte{typed("type", "future", "v", 1)}, [][]byte{typed("type", "legacy", "value", []any{"u", "v"})})},
 			"", []uint64{
 				digestOf(func(d *extrakeys.Digest) {
-					d.Raw(rawMap, nil, 2)
-					d.Raw(rawStr, []byte("type"), 0)
-					d.Raw(rawStr, []byte("future"), 0)
-					d.Raw(rawStr, []byte("v"), 0)
-					d.Raw(rawUint, nil, 1)
+					d.Raw(RawMap, nil, 2)
+					d.Raw(RawStr, []byte("type"), 0)
+					d.Raw(RawStr, []byte("future"), 0)
+					d.Raw(RawStr, []byte("v"), 0)
+					d.Raw(RawUint, nil, 1)
 				}),
 				digestOf(func(d *extrakeys.Digest) {
-					d.Raw(rawArray, nil, 2)
-					d.Raw(rawStr, []byte("u"), 0)
-					d.Raw(rawStr, []byte("v"), 0)
+					d.Raw(RawArray, nil, 2)
+					d.Raw(RawStr, []byte("u"), 0)
+					d.Raw(RawStr, []byte("v"), 0)
 				})}},
 	}
 	for _, tc := range cases {

@@ -1,6 +1,8 @@
-package codec
+package codec_test
 
 import (
+	. "github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"path/filepath"
 	"testing"
 
@@ -17,15 +19,15 @@ func FuzzDecode(f *testing.F) {
 	for _, file := range files {
 		f.Add(readHex(f, file))
 	}
-	for _, l := range []Layout{CurrentVLLM, {ArrayEvents: true}, {ArrayEvents: true, StoredSlots: 6, NoDPRank: true}, {MapBatch: true, BinHashes: true},
+	for _, l := range []engineenc.Layout{engineenc.CurrentVLLM, {ArrayEvents: true}, {ArrayEvents: true, StoredSlots: 6, NoDPRank: true}, {MapBatch: true, BinHashes: true},
 		{SaltKey: true}, {ArrayEvents: true, StoredSlots: 8, SaltKey: true, SignedHashes: true}} {
 		f.Add(realisticPayload(l))
 		full := fullBatch()
-		f.Add(AppendBatch(nil, &full, l))
+		f.Add(engineenc.AppendBatch(nil, &full, l))
 		extra := extraKeysBatch()
-		f.Add(AppendBatch(nil, &extra, l))
+		f.Add(engineenc.AppendBatch(nil, &extra, l))
 		eagle := eagleBatch()
-		f.Add(AppendBatch(nil, &eagle, l))
+		f.Add(engineenc.AppendBatch(nil, &eagle, l))
 	}
 	d := NewDecoder()
 	var first, second Batch
@@ -37,11 +39,11 @@ func FuzzDecode(f *testing.F) {
 			return
 		}
 		first.Skipped, first.Invalid = 0, nil // unknown and unreadable events are not re-encoded
-		for _, l := range []Layout{{SaltKey: true}, {ArrayEvents: true, SaltKey: true}} {
+		for _, l := range []engineenc.Layout{{SaltKey: true}, {ArrayEvents: true, SaltKey: true}} {
 			if l.ArrayEvents && saltBesideLora(&first) {
 				continue
 			}
-			again := AppendBatch(nil, &first, l)
+			again := engineenc.AppendBatch(nil, &first, l)
 			if err := d.Decode(again, &second); err != nil {
 				t.Fatalf("batch re-encoded in %+v does not decode: %v", l, err)
 			}

@@ -1,8 +1,10 @@
-package codec
+package codec_test
 
 import (
 	"bytes"
 	"encoding/hex"
+	. "github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"os"
 	"path/filepath"
 	"strings"
@@ -45,25 +47,25 @@ var goldens = []struct {
 	file    string
 	want    Batch
 	invalid []string // the errors of the events left out, in Batch.Invalid
-	layout  *Layout
+	layout  *engineenc.Layout
 	why     string
 }{
-	{file: "vllm_map.hex", layout: &CurrentVLLM, want: Batch{TS: 1.5, HasDPRank: true, Events: []Event{
+	{file: "vllm_map.hex", layout: &engineenc.CurrentVLLM, want: Batch{TS: 1.5, HasDPRank: true, Events: []Event{
 		{Type: BlockStored, BlockHashes: []uint64{18446744073709551615, 7}, TokenIDs: []uint32{1, 2, 3, 256}, BlockSize: 2, Medium: "GPU"},
 		{Type: BlockRemoved, BlockHashes: []uint64{7}, Medium: "CPU"},
 	}}},
-	{file: "vllm_array_v025.hex", layout: &Layout{ArrayEvents: true, StoredSlots: 10, NoDPRank: true}, want: Batch{TS: 2, Events: []Event{
+	{file: "vllm_array_v025.hex", layout: &engineenc.Layout{ArrayEvents: true, StoredSlots: 10, NoDPRank: true}, want: Batch{TS: 2, Events: []Event{
 		{Type: BlockStored, BlockHashes: []uint64{0xdeadbeef}, ParentHash: 5, HasParent: true, TokenIDs: []uint32{10, 11}, BlockSize: 2, Medium: "GPU", HasGroupIdx: true},
 		{Type: AllBlocksCleared},
 	}}},
-	{file: "vllm_array_12_slots.hex", layout: &Layout{ArrayEvents: true}, want: Batch{TS: 3.25, DPRank: 5, HasDPRank: true, Events: []Event{
+	{file: "vllm_array_12_slots.hex", layout: &engineenc.Layout{ArrayEvents: true}, want: Batch{TS: 3.25, DPRank: 5, HasDPRank: true, Events: []Event{
 		{Type: BlockStored, BlockHashes: []uint64{0xa1a2a3a4a5a6a7a8, 0xb1}, ParentHash: 0xc1c2c3c4, HasParent: true,
 			TokenIDs: []uint32{100, 101, 300, 70000}, BlockSize: 2, LoraID: 200, HasLoraID: true, Medium: "CPU", LoraName: "sql-lora",
 			ExtraKeys: []byte{0x92, 0x91, 0x92, 0xa4, 'i', 'm', 'g', '0', 0x03, 0xc0}, BlockExtra: []uint64{mmDigest("img0", 3), 0},
 			GroupIdx: 3, HasGroupIdx: true,
 			SpecKind: "sliding_window", SlidingWindow: 4096, HasSlidingWindow: true},
 	}}},
-	{file: "vllm_array_removed.hex", layout: &Layout{ArrayEvents: true}, want: Batch{TS: 0.5, Events: []Event{
+	{file: "vllm_array_removed.hex", layout: &engineenc.Layout{ArrayEvents: true}, want: Batch{TS: 0.5, Events: []Event{
 		{Type: BlockRemoved, BlockHashes: []uint64{0x8000000000000001, 42}, Medium: "DISK", GroupIdx: 2, HasGroupIdx: true,
 			SpecKind: "sliding_window", SlidingWindow: 1024, HasSlidingWindow: true},
 		{Type: BlockRemoved, BlockHashes: []uint64{65536}, Medium: "GPU", HasGroupIdx: true},
@@ -81,30 +83,30 @@ var goldens = []struct {
 			{Type: BlockStored, BlockHashes: []uint64{1 << 63, 1<<63 - 1}, ParentHash: 0xfffffffffffe7960, HasParent: true,
 				TokenIDs: []uint32{7, 8, 9, 10}, BlockSize: 2, Medium: "GPU", CacheSalt: "tenant-42",
 				ExtraKeys:  []byte{0x92, 0xc0, 0x91, 0xa6, 's', 'a', 'l', 't', '-', 'b'},
-				BlockExtra: []uint64{0, digestOf(func(d *extrakeys.Digest) { d.Raw(rawStr, []byte("salt-b"), 0) })}},
+				BlockExtra: []uint64{0, digestOf(func(d *extrakeys.Digest) { d.Raw(RawStr, []byte("salt-b"), 0) })}},
 			{Type: BlockRemoved, BlockHashes: []uint64{0xffffffffffffffff}},
 		}}},
 	{file: "vllm_bin_map_batch.hex", why: "keys out of order, an unknown key and event, other digest filler bytes, an int ts",
 		want: Batch{TS: 0, DPRank: 3, HasDPRank: true, Skipped: 1, Events: []Event{
 			{Type: BlockStored, BlockHashes: []uint64{258}, ParentHash: 9, HasParent: true, TokenIDs: []uint32{5, 6}, BlockSize: 2, Medium: "GPU",
-				ExtraKeys: []byte{0x91, 0x92, 0xa3, 'i', 'm', 'g', 0x00}, BlockExtra: []uint64{digestOf(func(d *extrakeys.Digest) { d.Raw(rawStr, []byte("img"), 0); d.Raw(rawUint, nil, 0) })},
+				ExtraKeys: []byte{0x91, 0x92, 0xa3, 'i', 'm', 'g', 0x00}, BlockExtra: []uint64{digestOf(func(d *extrakeys.Digest) { d.Raw(RawStr, []byte("img"), 0); d.Raw(RawUint, nil, 0) })},
 				GroupIdx: 1, HasGroupIdx: true, SpecKind: "full_attention"},
 		}}},
 	// The same request in vLLM's three extra_keys encodings: equal digests.
-	{file: "vllm_typed_extra_keys.hex", layout: &CurrentVLLM, want: adapterImageBatch(typedAdapterImage)},
-	{file: "vllm_tuple_extra_keys.hex", layout: &CurrentVLLM, want: adapterImageBatch(tupleAdapterImage)},
+	{file: "vllm_typed_extra_keys.hex", layout: &engineenc.CurrentVLLM, want: adapterImageBatch(typedAdapterImage)},
+	{file: "vllm_tuple_extra_keys.hex", layout: &engineenc.CurrentVLLM, want: adapterImageBatch(tupleAdapterImage)},
 	{file: "vllm_extra_keys_wide.hex", why: "str8, str16, int16, int64 and array16 where msgspec writes shorter forms",
 		want: adapterImageBatch(wideAdapterImage)},
-	{file: "sglang_map_salt.hex", layout: &Layout{SignedHashes: true, SaltKey: true}, want: Batch{TS: 6, DPRank: 1, HasDPRank: true, Events: []Event{
+	{file: "sglang_map_salt.hex", layout: &engineenc.Layout{SignedHashes: true, SaltKey: true}, want: Batch{TS: 6, DPRank: 1, HasDPRank: true, Events: []Event{
 		{Type: BlockStored, BlockHashes: []uint64{uint64(1<<64 - 0x123456789abcdef)}, TokenIDs: []uint32{1, 2}, BlockSize: 2,
 			Medium: "GPU", CacheSalt: "tenant-a"},
 	}}},
-	{file: "sglang_array_salt.hex", layout: &Layout{ArrayEvents: true, StoredSlots: 8, SignedHashes: true, SaltKey: true},
+	{file: "sglang_array_salt.hex", layout: &engineenc.Layout{ArrayEvents: true, StoredSlots: 8, SignedHashes: true, SaltKey: true},
 		want: Batch{TS: 7, HasDPRank: true, Events: []Event{
 			{Type: BlockStored, BlockHashes: []uint64{0xfedcba9876543210}, ParentHash: 0x9000000000000000, HasParent: true,
 				TokenIDs: []uint32{3, 4}, BlockSize: 2, LoraID: 3, HasLoraID: true, Medium: "GPU", CacheSalt: "tenant-b"},
 		}}},
-	{file: "sglang_eagle_map.hex", layout: &Layout{SignedHashes: true, SaltKey: true}, want: Batch{TS: 9, HasDPRank: true, Events: []Event{
+	{file: "sglang_eagle_map.hex", layout: &engineenc.Layout{SignedHashes: true, SaltKey: true}, want: Batch{TS: 9, HasDPRank: true, Events: []Event{
 		{Type: BlockStored, BlockHashes: []uint64{0xfedcba9876543211}, ParentHash: 0x8123456789abcdf0, HasParent: true,
 			TokenIDs: []uint32{7, 8, 9, 10}, Bigram: true, BlockSize: 3, Medium: "GPU"},
 	}}},
@@ -119,10 +121,10 @@ var goldens = []struct {
 // The extra_keys of vllm_{typed,tuple}_extra_keys.hex and
 // vllm_extra_keys_wide.hex, as their annotations give them.
 var (
-	typedAdapterImage = AppendExtraKeys(nil, [][]ExtraKey{
-		{{Kind: ExtraLoRA, Name: "ad"}, {Kind: ExtraMultiModal, Modality: "image", Hash: "h1", Offset: 1}, {Kind: ExtraCacheSalt, Name: "t1"}},
-		{{Kind: ExtraLoRA, Name: "ad"}, {Kind: ExtraMultiModal, Modality: "image", Hash: "h1", Offset: -1}},
-	}, ExtraTyped)
+	typedAdapterImage = engineenc.AppendExtraKeys(nil, [][]engineenc.ExtraKey{
+		{{Kind: engineenc.ExtraLoRA, Name: "ad"}, {Kind: engineenc.ExtraMultiModal, Modality: "image", Hash: "h1", Offset: 1}, {Kind: engineenc.ExtraCacheSalt, Name: "t1"}},
+		{{Kind: engineenc.ExtraLoRA, Name: "ad"}, {Kind: engineenc.ExtraMultiModal, Modality: "image", Hash: "h1", Offset: -1}},
+	}, engineenc.ExtraTyped)
 	tupleAdapterImage = []byte{0x92,
 		0x93, 0xa2, 'a', 'd', 0x92, 0xa2, 'h', '1', 0x01, 0xa2, 't', '1',
 		0x92, 0xa2, 'a', 'd', 0x92, 0xa2, 'h', '1', 0xff}
@@ -172,7 +174,7 @@ func TestGoldenVectors(t *testing.T) {
 			}
 			// The expected batch, not the decoded one: the encoder is checked
 			// against the hand-written bytes on its own.
-			if enc := AppendBatch(nil, &g.want, *g.layout); !bytes.Equal(enc, raw) {
+			if enc := engineenc.AppendBatch(nil, &g.want, *g.layout); !bytes.Equal(enc, raw) {
 				t.Errorf("AppendBatch(%+v) differs from the file:\n got %x\nwant %x", *g.layout, enc, raw)
 			}
 		})

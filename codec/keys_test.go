@@ -1,7 +1,9 @@
-package codec
+package codec_test
 
 import (
 	"fmt"
+	. "github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"slices"
 	"testing"
 
@@ -19,20 +21,20 @@ const xBlock = 4 // tokens per block in these tests
 // engineLayout is one engine version's way of publishing a request.
 type engineLayout struct {
 	name string
-	l    Layout
-	form ExtraForm
+	l    engineenc.Layout
+	form engineenc.ExtraForm
 	// sglang: no extra_keys, the salt as SGLang's cache_salt, the adapter by
 	// lora_id only; vLLM otherwise (lora_name and lora_id, salt in extra_keys).
 	sglang bool
 }
 
 var engineLayouts = []engineLayout{
-	{name: "vllm-tuples", l: CurrentVLLM, form: ExtraTuples},
-	{name: "vllm-typed", l: CurrentVLLM, form: ExtraTyped},
-	{name: "vllm-0.25-array-tuples", l: Layout{ArrayEvents: true, NoDPRank: false}, form: ExtraTuples},
-	{name: "vllm-bin-hashes-typed", l: Layout{BinHashes: true}, form: ExtraTyped},
-	{name: "sglang-map-salt", l: Layout{SignedHashes: true, SaltKey: true}, sglang: true},
-	{name: "sglang-array-metadata", l: Layout{ArrayEvents: true, StoredSlots: 8, SignedHashes: true, SaltKey: true}, sglang: true},
+	{name: "vllm-tuples", l: engineenc.CurrentVLLM, form: engineenc.ExtraTuples},
+	{name: "vllm-typed", l: engineenc.CurrentVLLM, form: engineenc.ExtraTyped},
+	{name: "vllm-0.25-array-tuples", l: engineenc.Layout{ArrayEvents: true, NoDPRank: false}, form: engineenc.ExtraTuples},
+	{name: "vllm-bin-hashes-typed", l: engineenc.Layout{BinHashes: true}, form: engineenc.ExtraTyped},
+	{name: "sglang-map-salt", l: engineenc.Layout{SignedHashes: true, SaltKey: true}, sglang: true},
+	{name: "sglang-array-metadata", l: engineenc.Layout{ArrayEvents: true, StoredSlots: 8, SignedHashes: true, SaltKey: true}, sglang: true},
 }
 
 // vllmExtraKeys is what vLLM's generate_block_hash_extra_keys gives each
@@ -41,15 +43,15 @@ var engineLayouts = []engineLayout{
 // block overlaps (walked with a running index, as vLLM threads
 // curr_mm_idx), then the salt on the block at token 0. bareIDs is the form
 // before vLLM 0.19.1: identifiers without offsets, and its boundary tests.
-func vllmExtraKeys(r *index.Request, nBlocks int, bareIDs bool) [][]ExtraKey {
-	out := make([][]ExtraKey, nBlocks)
+func vllmExtraKeys(r *index.Request, nBlocks int, bareIDs bool) [][]engineenc.ExtraKey {
+	out := make([][]engineenc.ExtraKey, nBlocks)
 	cur := 0
 	mm := r.MultiModal
 	for b := range nBlocks {
 		start, end := b*xBlock, (b+1)*xBlock
-		var keys []ExtraKey
+		var keys []engineenc.ExtraKey
 		if r.Lora != "" {
-			keys = append(keys, ExtraKey{Kind: ExtraLoRA, Name: r.Lora})
+			keys = append(keys, engineenc.ExtraKey{Kind: engineenc.ExtraLoRA, Name: r.Lora})
 		}
 		last := len(mm) - 1
 		passed := last < 0 || mm[last].Offset+mm[last].Length <= start
@@ -65,7 +67,7 @@ func vllmExtraKeys(r *index.Request, nBlocks int, bareIDs bool) [][]ExtraKey {
 				cur++
 				continue
 			}
-			keys = append(keys, ExtraKey{Kind: ExtraMultiModal, Modality: "image", Hash: mm[cur].Hash, Offset: int64(off - start)})
+			keys = append(keys, engineenc.ExtraKey{Kind: engineenc.ExtraMultiModal, Modality: "image", Hash: mm[cur].Hash, Offset: int64(off - start)})
 			if end >= off+n {
 				cur++
 			} else {
@@ -73,7 +75,7 @@ func vllmExtraKeys(r *index.Request, nBlocks int, bareIDs bool) [][]ExtraKey {
 			}
 		}
 		if start == 0 && r.Salt != "" {
-			keys = append(keys, ExtraKey{Kind: ExtraCacheSalt, Name: r.Salt})
+			keys = append(keys, engineenc.ExtraKey{Kind: engineenc.ExtraCacheSalt, Name: r.Salt})
 		}
 		out[b] = keys // nil when empty, as vLLM sends None
 	}
@@ -86,7 +88,7 @@ func vllmExtraKeys(r *index.Request, nBlocks int, bareIDs bool) [][]ExtraKey {
 // keys must not depend on them.
 func publish(r *index.Request, el engineLayout, bareIDs bool, seed uint64) []byte {
 	n := len(r.Tokens) / xBlock
-	var extra [][]ExtraKey
+	var extra [][]engineenc.ExtraKey
 	if !el.sglang {
 		extra = vllmExtraKeys(r, n, bareIDs)
 	}
@@ -103,17 +105,17 @@ func publish(r *index.Request, el engineLayout, bareIDs bool, seed uint64) []byt
 			e.LoraID, e.HasLoraID, e.CacheSalt = r.LoraID, r.HasLoraID, r.Salt
 		} else {
 			e.LoraName, e.LoraID, e.HasLoraID = r.Lora, r.LoraID, r.HasLoraID
-			if blocks := extra[span[0]:span[1]]; slices.ContainsFunc(blocks, func(k []ExtraKey) bool { return k != nil }) {
+			if blocks := extra[span[0]:span[1]]; slices.ContainsFunc(blocks, func(k []engineenc.ExtraKey) bool { return k != nil }) {
 				form := el.form
 				if bareIDs {
-					form = ExtraBareIDs
+					form = engineenc.ExtraBareIDs
 				}
-				e.ExtraKeys = AppendExtraKeys(nil, blocks, form)
+				e.ExtraKeys = engineenc.AppendExtraKeys(nil, blocks, form)
 			}
 		}
 		b.Events = append(b.Events, e)
 	}
-	return AppendBatch(nil, &b, el.l)
+	return engineenc.AppendBatch(nil, &b, el.l)
 }
 
 // eventKeys decodes payload and keys its blocks the way the actor does: a
@@ -280,7 +282,7 @@ func TestBareIdentifierEventsMissNeverCollide(t *testing.T) {
 }
 
 func ExampleAppendExtraKeys() {
-	blocks := [][]ExtraKey{{{Kind: ExtraLoRA, Name: "ad"}, {Kind: ExtraMultiModal, Hash: "h1", Offset: 3}}, nil}
-	fmt.Printf("%x\n", AppendExtraKeys(nil, blocks, ExtraTuples))
+	blocks := [][]engineenc.ExtraKey{{{Kind: engineenc.ExtraLoRA, Name: "ad"}, {Kind: engineenc.ExtraMultiModal, Hash: "h1", Offset: 3}}, nil}
+	fmt.Printf("%x\n", engineenc.AppendExtraKeys(nil, blocks, engineenc.ExtraTuples))
 	// Output: 9292a2616492a2683103c0
 }

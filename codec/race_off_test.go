@@ -1,5 +1,5 @@
 //go:build !race
 
-package codec
+package codec_test
 
 const raceEnabled = false

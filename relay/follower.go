@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/opstream"
 	"github.com/kvpipe/kvpipe/internal/pace"
 	"github.com/kvpipe/kvpipe/snapshot"
 	"github.com/nats-io/nats.go/jetstream"
@@ -38,7 +39,7 @@ type FollowerConfig struct {
 // over, and a bad message clears its worker.
 type Follower struct {
 	js    jetstream.JetStream
-	cfg   FollowerConfig
+	set   opstream.Settings // FollowerConfig.Settings, defaulted
 	log   *slog.Logger
 	stats followerCounters
 	busy  atomic.Bool
@@ -53,9 +54,6 @@ type Follower struct {
 	ops      []index.Op
 	warn     *pace.Warner
 	lastSeen uint64 // the stream sequence of the last message handled in this run
-	// applied, when set (benchmarks), sees each message's sequence and
-	// worker once it is handed to the pipeline.
-	applied func(seq uint64, worker string)
 }
 
 // FollowerStats are a follower's counters.
@@ -95,14 +93,14 @@ func (f *Follower) Stats() FollowerStats {
 
 // NewFollower returns a follower of the relay whose settings cfg holds.
 func NewFollower(js jetstream.JetStream, cfg FollowerConfig) (*Follower, error) {
-	var err error
-	if cfg.Settings, err = cfg.Settings.withDefaults(); err != nil {
+	set, err := opstream.Settings(cfg.Settings).WithDefaults()
+	if err != nil {
 		return nil, err
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Follower{js: js, cfg: cfg, log: cfg.Logger, fed: map[string]bool{}, warn: pace.NewWarner(cfg.Logger, "kvpipe/relay: ")}, nil
+	return &Follower{js: js, set: set, log: cfg.Logger, fed: map[string]bool{}, warn: pace.NewWarner(cfg.Logger, "kvpipe/relay: ")}, nil
 }
 
 var _ kvpipe.Source = (*Follower)(nil)
@@ -143,7 +141,7 @@ type following struct {
 }
 
 func (f *Follower) run(ctx context.Context, feed *kvpipe.Feed) error {
-	s := f.cfg.Settings
+	s := f.set
 	stream, err := f.js.Stream(ctx, s.Stream)
 	if err != nil {
 		return fmt.Errorf("relay: stream %s: %w", s.Stream, err)
@@ -181,7 +179,7 @@ func (f *Follower) start(ctx context.Context, feed *kvpipe.Feed, stream jetstrea
 	}
 	info, err := stream.Info(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("relay: stream %s: %w", f.cfg.Settings.Stream, err)
+		return nil, fmt.Errorf("relay: stream %s: %w", f.set.Stream, err)
 	}
 	st := info.State
 	fl := &following{workers: map[string]*followed{}, defaultWhole: st.FirstSeq <= 1, next: max(st.FirstSeq, 1)}
@@ -217,7 +215,7 @@ func (f *Follower) start(ctx context.Context, feed *kvpipe.Feed, stream jetstrea
 // consume applies the stream's messages from fl.next on, until ctx ends
 // or the stream fails.
 func (f *Follower) consume(ctx context.Context, feed *kvpipe.Feed, it jetstream.MessagesContext, fl *following) error {
-	s := f.cfg.Settings
+	s := f.set
 	first := true // no message handled yet
 	for {
 		msg, err := it.Next(jetstream.NextContext(ctx))
@@ -258,10 +256,10 @@ func (f *Follower) consume(ctx context.Context, feed *kvpipe.Feed, it jetstream.
 // handle applies the message at seq, unless the snapshot covers it.
 func (f *Follower) handle(ctx context.Context, feed *kvpipe.Feed, workers map[string]*followed, msg jetstream.Msg,
 	seq, base uint64, defaultWhole bool) error {
-	s := f.cfg.Settings
+	s := f.set
 	w := workers[msg.Subject()]
 	if w == nil {
-		name, err := workerOfSubject(s.Prefix, msg.Subject())
+		name, err := opstream.WorkerOfSubject(s.Prefix, msg.Subject())
 		if err != nil {
 			f.badMessage(seq, msg.Subject(), err)
 			return nil // no worker of ours: nothing to clear
@@ -273,7 +271,7 @@ func (f *Follower) handle(ctx context.Context, feed *kvpipe.Feed, workers map[st
 		f.stats.skipped.Add(1)
 		return nil
 	}
-	ops, partial, err := decodeMessage(msg.Data(), f.ops)
+	ops, partial, err := opstream.DecodeMessage(msg.Data(), f.ops)
 	f.ops = ops[:0]
 	if err != nil {
 		// Its ops are lost, removes perhaps among them: the worker's
@@ -299,9 +297,6 @@ func (f *Follower) handle(ctx context.Context, feed *kvpipe.Feed, workers map[st
 		return err
 	}
 	f.stats.applied.Add(1)
-	if f.applied != nil {
-		f.applied(seq, w.name)
-	}
 	if removed {
 		// Gone on the relay; added again, it starts from nothing there
 		// and here alike.
@@ -315,17 +310,17 @@ func (f *Follower) handle(ctx context.Context, feed *kvpipe.Feed, workers map[st
 
 // load reads and decodes the newest snapshot; nil without a usable one.
 // An error is NATS trouble, for the run to be tried again.
-func (f *Follower) load(ctx context.Context, blockSize int) (*snapshot.Snapshot, SnapshotMeta, error) {
-	s := f.cfg.Settings
+func (f *Follower) load(ctx context.Context, blockSize int) (*snapshot.Snapshot, opstream.SnapshotMeta, error) {
+	s := f.set
 	obs, err := f.js.ObjectStore(ctx, s.Bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		return nil, SnapshotMeta{}, nil
+		return nil, opstream.SnapshotMeta{}, nil
 	}
 	if err != nil {
-		return nil, SnapshotMeta{}, fmt.Errorf("relay: bucket %s: %w", s.Bucket, err)
+		return nil, opstream.SnapshotMeta{}, fmt.Errorf("relay: bucket %s: %w", s.Bucket, err)
 	}
-	var meta SnapshotMeta
-	f.buf, meta, err = NewObjectStore(obs, s.Object).LoadMeta(ctx, f.buf[:0])
+	var meta opstream.SnapshotMeta
+	f.buf, meta, err = opstream.LoadSnapshot(ctx, obs, s.Object, f.buf[:0])
 	switch {
 	case errors.Is(err, snapshot.ErrNotFound):
 		return nil, meta, nil
@@ -348,7 +343,7 @@ func (f *Follower) load(ctx context.Context, blockSize int) (*snapshot.Snapshot,
 
 // check says why snap cannot be used with the stream as info describes it
 // ("" when it can), and the sequence up to which it covers every worker.
-func check(snap *snapshot.Snapshot, meta SnapshotMeta, info *jetstream.StreamInfo) (base uint64, reason string) {
+func check(snap *snapshot.Snapshot, meta opstream.SnapshotMeta, info *jetstream.StreamInfo) (base uint64, reason string) {
 	st := info.State
 	base = meta.StreamLast
 	if !meta.Known {
@@ -409,7 +404,7 @@ func (f *Follower) applySnapshot(ctx context.Context, feed *kvpipe.Feed, snap *s
 			ops = ops[n:]
 		}
 		f.fed[name] = true
-		workers[f.cfg.Settings.Subject(name)] = &followed{name: name, covered: max(w.StreamSeq, base), whole: true}
+		workers[f.set.Subject(name)] = &followed{name: name, covered: max(w.StreamSeq, base), whole: true}
 	}
 	f.log.Info("kvpipe/relay: started from the snapshot", "workers", len(snap.Workers), "blocks", snap.Blocks(), "stream_seq", base)
 	return nil

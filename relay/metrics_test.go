@@ -8,39 +8,28 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
-// The collectors read the counters at each scrape, under names that pass
-// the Prometheus lint.
-func TestCollectors(t *testing.T) {
-	var st Stats
+// The follower's collector reads its counters at each scrape, under names
+// that pass the Prometheus lint.
+func TestFollowerCollector(t *testing.T) {
+	var st FollowerStats
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(
-		&collector[Stats]{stats: func() Stats { return st }, metrics: relayMetrics()},
-		newLeaseCollector(func() LeaseStats { return LeaseStats{Acquired: 2, Holding: true} }),
-		newFollowerCollector(func() FollowerStats { return FollowerStats{Applied: 9, Lag: 4} }),
-	)
-	st.Published, st.Resets = 7, 1 // after registering: read at the scrape
+	reg.MustRegister(newFollowerCollector(func() FollowerStats { return st }))
+	st.Applied, st.Lag = 9, 4 // after registering: read at the scrape
 	want := `
-# HELP kvpipe_relay_published_total Messages the stream acknowledged, duplicates included.
-# TYPE kvpipe_relay_published_total counter
-kvpipe_relay_published_total 7
-# HELP kvpipe_relay_resets_total Workers reset in the stream because their ops parted from it.
-# TYPE kvpipe_relay_resets_total counter
-kvpipe_relay_resets_total 1
-# HELP kvpipe_relay_lease_holding 1 while this relay holds the lease.
-# TYPE kvpipe_relay_lease_holding gauge
-kvpipe_relay_lease_holding 1
+# HELP kvpipe_relay_follower_applied_total Messages applied.
+# TYPE kvpipe_relay_follower_applied_total counter
+kvpipe_relay_follower_applied_total 9
 # HELP kvpipe_relay_follower_lag Messages in the stream after the last one handled.
 # TYPE kvpipe_relay_follower_lag gauge
 kvpipe_relay_follower_lag 4
 `
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "kvpipe_relay_published_total", "kvpipe_relay_resets_total",
-		"kvpipe_relay_lease_holding", "kvpipe_relay_follower_lag"); err != nil {
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "kvpipe_relay_follower_applied_total", "kvpipe_relay_follower_lag"); err != nil {
 		t.Error(err)
 	}
 	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) != 0 {
 		t.Errorf("lint: %v %v", err, problems)
 	}
-	if n := testutil.CollectAndCount(reg); n != 16+5+10 {
-		t.Errorf("%d metrics, want 31", n)
+	if n := testutil.CollectAndCount(reg); n != 10 {
+		t.Errorf("%d metrics, want 10", n)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"github.com/kvpipe/kvpipe/internal/enginepeer"
 	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/kvpipe/kvpipe/internal/ztest"
@@ -107,7 +108,7 @@ func benchPayload(b *codec.Batch) []byte {
 		b.Events = append(b.Events, e)
 	}
 	b.Events = append(b.Events, codec.Event{Type: codec.BlockRemoved, BlockHashes: []uint64{1, 2, 3, 4, 5, 6, 7, 8}})
-	return codec.AppendBatch(nil, b, codec.CurrentVLLM)
+	return engineenc.AppendBatch(nil, b, engineenc.CurrentVLLM)
 }
 
 // BenchmarkLibzmqPublisher: the receive path against the C libzmq, a

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"github.com/kvpipe/kvpipe/internal/enginepeer"
 	"github.com/kvpipe/kvpipe/internal/wiretest"
 )
@@ -131,7 +132,7 @@ func TestInteropGoPublisherToLibzmqSubscriber(t *testing.T) {
 	ep, replay := freeTCP(t), freeTCP(t)
 	pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep, ReplayEndpoint: replay, Topic: "kv@w0", ReplyWithTopic: true})
 	defer pub.Close()
-	probe := codec.AppendBatch(nil, &codec.Batch{TS: 1}, codec.CurrentVLLM)
+	probe := engineenc.AppendBatch(nil, &codec.Batch{TS: 1}, engineenc.CurrentVLLM)
 	// Seqs 0..9 are probes for sure; real batches follow from the first seq the subscriber sees + some.
 	const n = 20
 	sub := enginepeer.Start(t, "testdata/engine_sub.py", "--endpoint", ep, "--replay", replay, "--topic", "kv", "--count", "20", "--replay-from", "0")
@@ -154,7 +155,7 @@ func TestInteropGoPublisherToLibzmqSubscriber(t *testing.T) {
 	for i := range n {
 		b := codec.Batch{TS: 2, Events: []codec.Event{{Type: codec.BlockStored, BlockHashes: []uint64{uint64(1000 + i)},
 			TokenIDs: make([]uint32, 16), BlockSize: 16, Medium: "GPU"}}}
-		pub.Publish(codec.AppendBatch(nil, &b, codec.CurrentVLLM))
+		pub.Publish(engineenc.AppendBatch(nil, &b, engineenc.CurrentVLLM))
 	}
 	var live, replayed []uint64
 	var liveSeqs []int64

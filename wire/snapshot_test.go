@@ -5,20 +5,21 @@ import (
 	"testing"
 
 	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 )
 
 // The engine snapshot conversation, without sockets: each reply's meaning,
 // table by table.
 func TestSnapshotTalk(t *testing.T) {
 	header := func(epoch string, barrier uint64, records int) []byte {
-		return codec.AppendEngineSnapshotHeader(nil, &codec.EngineSnapshotHeader{Version: 1, Epoch: epoch, BarrierSeq: barrier, RecordCount: records})
+		return engineenc.AppendEngineSnapshotHeader(nil, &codec.EngineSnapshotHeader{Version: 1, Epoch: epoch, BarrierSeq: barrier, RecordCount: records})
 	}
 	chunk := func(n int) []byte {
 		blocks := make([]codec.EngineSnapshotBlock, n)
 		for i := range blocks {
 			blocks[i] = codec.EngineSnapshotBlock{Parent: uint64(i), HasParent: i > 0, Hashes: []uint64{uint64(i + 1)}}
 		}
-		return codec.AppendEngineSnapshotChunk(nil, blocks)
+		return engineenc.AppendEngineSnapshotChunk(nil, blocks)
 	}
 	type reply struct {
 		kind    string

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"github.com/kvpipe/kvpipe/internal/enginepeer"
 	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/kvpipe/kvpipe/internal/ztest"
@@ -165,8 +166,8 @@ func TestListenSeveralWorkersExitsAfterBatches(t *testing.T) {
 		pubs = append(pubs, pub)
 		args = append(args, "--endpoint", name+"="+ep)
 	}
-	payload := codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{{Type: codec.BlockStored,
-		BlockHashes: []uint64{1}, TokenIDs: make([]uint32, 16), BlockSize: 16}}}, codec.CurrentVLLM)
+	payload := engineenc.AppendBatch(nil, &codec.Batch{Events: []codec.Event{{Type: codec.BlockStored,
+		BlockHashes: []uint64{1}, TokenIDs: make([]uint32, 16), BlockSize: 16}}}, engineenc.CurrentVLLM)
 	var out strings.Builder
 	done := make(chan int, 1)
 	go func() { done <- run(context.Background(), args, nil, &out, io.Discard) }()

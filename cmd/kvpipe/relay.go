@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/kvpipe/kvpipe"
+	"github.com/kvpipe/kvpipe/internal/opstream"
+	"github.com/kvpipe/kvpipe/internal/relaypub"
 	"github.com/kvpipe/kvpipe/metrics"
 	"github.com/kvpipe/kvpipe/relay"
 	"github.com/nats-io/nats.go"
@@ -39,15 +41,15 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayFlags, bool) {
 	f.topic = fs.String("topic", "", "ZMQ topic prefix to subscribe to")
 	f.blockSize = fs.Int("block-size", 16, "the router's block size")
 	f.shards = fs.Int("shards", 2, "index shards")
-	f.prefix = fs.String("prefix", relay.DefaultPrefix, "subject prefix: one subject <prefix>.<worker> per worker")
-	f.stream = fs.String("stream", relay.DefaultStream, "JetStream stream name")
-	f.bucket = fs.String("bucket", relay.DefaultBucket, "object store bucket for snapshots")
-	f.object = fs.String("object", relay.DefaultObject, "snapshot object name")
+	f.prefix = fs.String("prefix", opstream.DefaultPrefix, "subject prefix: one subject <prefix>.<worker> per worker")
+	f.stream = fs.String("stream", opstream.DefaultStream, "JetStream stream name")
+	f.bucket = fs.String("bucket", opstream.DefaultBucket, "object store bucket for snapshots")
+	f.object = fs.String("object", opstream.DefaultObject, "snapshot object name")
 	f.every = fs.Duration("snapshot-every", 15*time.Second, "how often to write the snapshot")
-	f.maxAge = fs.Duration("max-age", relay.DefaultMaxAge, "how long the stream keeps ops (keep several snapshot intervals)")
+	f.maxAge = fs.Duration("max-age", opstream.DefaultMaxAge, "how long the stream keeps ops (keep several snapshot intervals)")
 	f.leaseKey = fs.String("lease", "", "run as one of several relays for these engines: write only while holding this key of the lease bucket (empty: always write)")
-	f.leaseBucket = fs.String("lease-bucket", relay.DefaultLeaseBucket, "KV bucket of the lease")
-	f.leaseTTL = fs.Duration("lease-ttl", relay.DefaultLeaseTTL, "a holder silent this long loses the lease to a standby")
+	f.leaseBucket = fs.String("lease-bucket", relaypub.DefaultLeaseBucket, "KV bucket of the lease")
+	f.leaseTTL = fs.Duration("lease-ttl", relaypub.DefaultLeaseTTL, "a holder silent this long loses the lease to a standby")
 	f.metricsAddr = fs.String("metrics", "", "serve Prometheus metrics on this address at /metrics, e.g. :9090 (empty: none)")
 	f.verbose = fs.Bool("v", false, "log to stderr")
 	if err := fs.Parse(args); err != nil {
@@ -89,7 +91,7 @@ func relayCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			}
 			return kvpipe.Stats{}
 		}
-		stopMetrics, err := serveMetrics(*f.metricsAddr, relay.NewCollector(r), metrics.NewCollector(current))
+		stopMetrics, err := serveMetrics(*f.metricsAddr, relaypub.NewCollector(r), metrics.NewCollector(current))
 		if err != nil {
 			fmt.Fprintln(stderr, "kvpipe relay:", err)
 			return 1
@@ -109,25 +111,25 @@ func relayCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 
 // newRelay builds the relay the flags describe, with its workers; on an
 // error it returns nil and the exit code.
-func newRelay(nc *nats.Conn, f *relayFlags, logger *slog.Logger, stderr io.Writer) (*relay.Relay, int) {
+func newRelay(nc *nats.Conn, f *relayFlags, logger *slog.Logger, stderr io.Writer) (*relaypub.Relay, int) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		fmt.Fprintln(stderr, "kvpipe relay:", err)
 		return nil, 1
 	}
-	cfg := relay.Config{
+	cfg := relaypub.Config{
 		Settings:      relay.Settings{Prefix: *f.prefix, Stream: *f.stream, Bucket: *f.bucket, Object: *f.object, MaxAge: *f.maxAge},
 		Pipeline:      kvpipe.Config{BlockSize: *f.blockSize, Shards: *f.shards, Logger: logger},
 		SnapshotEvery: *f.every,
 		Logger:        logger,
 	}
 	if *f.leaseKey != "" {
-		if cfg.Lease, err = relay.NewLease(js, relay.LeaseConfig{Bucket: *f.leaseBucket, Key: *f.leaseKey, TTL: *f.leaseTTL, Logger: logger}); err != nil {
+		if cfg.Lease, err = relaypub.NewLease(js, relaypub.LeaseConfig{Bucket: *f.leaseBucket, Key: *f.leaseKey, TTL: *f.leaseTTL, Logger: logger}); err != nil {
 			fmt.Fprintln(stderr, "kvpipe relay:", err)
 			return nil, 2
 		}
 	}
-	r, err := relay.New(js, cfg)
+	r, err := relaypub.New(js, cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "kvpipe relay:", err)
 		return nil, 2

@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"github.com/kvpipe/kvpipe/internal/natstest"
+	"github.com/kvpipe/kvpipe/internal/opstream"
 	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/kvpipe/kvpipe/relay"
 	"github.com/nats-io/nats.go/jetstream"
@@ -30,8 +32,8 @@ func TestRelayPublishes(t *testing.T) {
 	}
 	defer pub.Close()
 	for i := range 20 {
-		pub.Publish(codec.AppendBatch(nil, &codec.Batch{Events: []codec.Event{{Type: codec.BlockStored,
-			BlockHashes: []uint64{uint64(i + 1)}, TokenIDs: make([]uint32, 16), BlockSize: 16}}}, codec.CurrentVLLM))
+		pub.Publish(engineenc.AppendBatch(nil, &codec.Batch{Events: []codec.Event{{Type: codec.BlockStored,
+			BlockHashes: []uint64{uint64(i + 1)}, TokenIDs: make([]uint32, 16), BlockSize: 16}}}, engineenc.CurrentVLLM))
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -85,6 +87,6 @@ func state(js jetstream.JetStream) (uint64, bool) {
 	if err != nil {
 		return info.State.Msgs, false
 	}
-	_, err = relay.NewObjectStore(obs, relay.DefaultObject).Load(ctx, nil)
+	_, err = relay.NewObjectStore(obs, opstream.DefaultObject).Load(ctx, nil)
 	return info.State.Msgs, err == nil
 }

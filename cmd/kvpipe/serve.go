@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvpipe/kvpipe"
+	"github.com/kvpipe/kvpipe/internal/opstream"
 	"github.com/kvpipe/kvpipe/internal/serve"
 	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1"
 	"github.com/kvpipe/kvpipe/relay"
@@ -54,10 +55,10 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, bool) {
 	f.snapshot = fs.String("snapshot", "", "file of the saved index and registrations: loaded at start, saved on SIGTERM")
 	f.snapshotEvery = fs.Duration("snapshot-every", time.Minute, "with --snapshot, also save it this often (0: only on SIGTERM)")
 	f.natsURL = fs.String("nats", "", "follow a kvpipe relay's JetStream stream on this NATS server (empty: none)")
-	f.stream = fs.String("stream", relay.DefaultStream, "with --nats, the relay's stream")
-	f.prefix = fs.String("prefix", relay.DefaultPrefix, "with --nats, the relay's subject prefix")
-	f.bucket = fs.String("bucket", relay.DefaultBucket, "with --nats, the relay's snapshot bucket")
-	f.object = fs.String("object", relay.DefaultObject, "with --nats, the relay's snapshot object")
+	f.stream = fs.String("stream", opstream.DefaultStream, "with --nats, the relay's stream")
+	f.prefix = fs.String("prefix", opstream.DefaultPrefix, "with --nats, the relay's subject prefix")
+	f.bucket = fs.String("bucket", opstream.DefaultBucket, "with --nats, the relay's snapshot bucket")
+	f.object = fs.String("object", opstream.DefaultObject, "with --nats, the relay's snapshot object")
 	f.blockSize = fs.Int("block-size", 16, "the router's block size")
 	f.shards = fs.Int("shards", 2, "index shards")
 	f.maxTokens = fs.Int("max-tokens", 1<<20, "most tokens in one match request")

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"github.com/kvpipe/kvpipe/internal/natstest"
 	"github.com/kvpipe/kvpipe/internal/wiretest"
 )
@@ -100,7 +101,7 @@ func TestServeFollowsARelay(t *testing.T) {
 		b.Events = append(b.Events, codec.Event{Type: codec.BlockStored, BlockHashes: []uint64{uint64(i + 1)}, ParentHash: uint64(i),
 			HasParent: i > 0, TokenIDs: tokens[i*16 : (i+1)*16], BlockSize: 16})
 	}
-	pub.Publish(codec.AppendBatch(nil, &b, codec.CurrentVLLM))
+	pub.Publish(engineenc.AppendBatch(nil, &b, engineenc.CurrentVLLM))
 	ctx, cancel := context.WithCancel(context.Background())
 	nats := []string{"--nats", srv.URL(), "--stream", "T", "--prefix", "t.ops", "--bucket", "t-snap"}
 	relayDone := make(chan int, 1)

@@ -7,6 +7,8 @@ temporary directory: nothing generated is kept in the repository.
 
     kvpipe_client.py --server 127.0.0.1:8080 match --tokens 1,2,3,...
     kvpipe_client.py --server 127.0.0.1:8080 match --tokens-file prompt.txt --lora sql
+    KVPIPE_TOKEN=... kvpipe_client.py match --tokens-file prompt.txt --routed-to e0
+    kvpipe_client.py batch --tokens-file a.txt --tokens-file b.txt
     KVPIPE_TOKEN=... kvpipe_client.py register --name e0 --endpoint tcp://10.0.0.5:5557 --replay tcp://10.0.0.5:5558
     KVPIPE_TOKEN=... kvpipe_client.py unregister --name e0
     kvpipe_client.py list
@@ -47,7 +49,8 @@ def load_stubs(proto_root=PROTO_ROOT):
 
 class Client:
     """One channel to kvpipe serve; token is the bearer token of register,
-    unregister and dump (KVPIPE_TOKEN by default)."""
+    unregister, dump and routed matches, which also shows the workers'
+    endpoints in list and watch (KVPIPE_TOKEN by default)."""
 
     def __init__(self, server, token=None, credentials=None, timeout=10.0):
         self.pb, grpc_mod = load_stubs()
@@ -60,14 +63,32 @@ class Client:
         self.auth = [("authorization", "Bearer " + token)] if token else []
         self.timeout = timeout
 
-    def match(self, tokens=(), keys=(), lora_name="", lora_id=None, salt="", multimodal=()):
-        """Returns the MatchResponse: per worker, leading blocks (per tier), score, partial."""
-        req = self.pb.MatchRequest(tokens=tokens, keys=keys, lora_name=lora_name, salt=salt)
+    def request(self, tokens=(), keys=(), lora_name="", lora_id=None, salt="", multimodal=(), routed_to=""):
+        """Builds a MatchRequest for match_batch and match_stream."""
+        req = self.pb.MatchRequest(tokens=tokens, keys=keys, lora_name=lora_name, salt=salt, routed_to=routed_to)
         if lora_id is not None:
             req.lora_id, req.has_lora_id = lora_id, True
         for h, offset, length in multimodal:
             req.multimodal.add(hash=h, offset=offset, length=length)
-        return self.stub.Match(req, timeout=self.timeout)
+        return req
+
+    def match(self, tokens=(), routed_to="", **kw):
+        """Returns the MatchResponse: per worker, leading blocks (per tier),
+        blocks predicted, score, partial. routed_to names the worker this
+        request goes to: its blocks count as predicted there (needs the token)."""
+        req = self.request(tokens=tokens, routed_to=routed_to, **kw)
+        return self.stub.Match(req, metadata=self.auth, timeout=self.timeout)
+
+    def match_batch(self, requests):
+        """Answers many requests (from request()) in one call, in order; a
+        refused one has its .error set in its place."""
+        batch = self.pb.MatchBatchRequest(requests=list(requests))
+        return self.stub.MatchBatch(batch, metadata=self.auth, timeout=self.timeout).responses
+
+    def match_stream(self, requests):
+        """Answers requests (an iterator of request()) over one stream, in
+        order, as they come: a router keeps one open for its lifetime."""
+        return self.stub.MatchStream(requests, metadata=self.auth)
 
     def register(self, name, endpoint, replay="", snapshot="", topic="", block_size=0):
         spec = self.pb.WorkerSpec(name=name, endpoint=endpoint, replay_endpoint=replay,
@@ -78,13 +99,13 @@ class Client:
         return self.stub.UnregisterWorker(self.pb.UnregisterWorkerRequest(name=name), metadata=self.auth, timeout=self.timeout)
 
     def list(self):
-        return self.stub.ListWorkers(self.pb.ListWorkersRequest(), timeout=self.timeout)
+        return self.stub.ListWorkers(self.pb.ListWorkersRequest(), metadata=self.auth, timeout=self.timeout)
 
     def dump(self, worker):
         return self.stub.Dump(self.pb.DumpRequest(worker=worker), metadata=self.auth, timeout=self.timeout)
 
     def watch(self):
-        return self.stub.WatchWorkers(self.pb.WatchWorkersRequest())
+        return self.stub.WatchWorkers(self.pb.WatchWorkersRequest(), metadata=self.auth)
 
 
 def as_json(msg):
@@ -111,6 +132,9 @@ def main(argv=None):
     m.add_argument("--tokens-file", help="file of token ids")
     m.add_argument("--lora", default="")
     m.add_argument("--salt", default="")
+    m.add_argument("--routed-to", default="", help="the worker this request is sent to (needs KVPIPE_TOKEN)")
+    b = sub.add_parser("batch")
+    b.add_argument("--tokens-file", action="append", required=True, help="a file of token ids per request")
     r = sub.add_parser("register")
     r.add_argument("--name", required=True)
     r.add_argument("--endpoint", required=True)
@@ -131,7 +155,11 @@ def main(argv=None):
     c = Client(args.server, credentials=creds)
     try:
         if args.cmd == "match":
-            print(as_json(c.match(tokens=read_tokens(args), lora_name=args.lora, salt=args.salt)))
+            print(as_json(c.match(tokens=read_tokens(args), lora_name=args.lora, salt=args.salt, routed_to=args.routed_to)))
+        elif args.cmd == "batch":
+            reqs = [c.request(tokens=read_tokens(argparse.Namespace(tokens_file=f, tokens=None))) for f in args.tokens_file]
+            for resp in c.match_batch(reqs):
+                print(as_json(resp))
         elif args.cmd == "register":
             print(as_json(c.register(args.name, args.endpoint, replay=args.replay, topic=args.topic)))
         elif args.cmd == "unregister":

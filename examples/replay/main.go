@@ -32,6 +32,7 @@ import (
 	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"github.com/kvpipe/kvpipe/internal/sim"
 	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/kvpipe/kvpipe/metrics"
@@ -190,12 +191,12 @@ func (e *engine) serve() {
 			e.base.add(j, res.DeviceHits)
 		}
 		if len(events) > 0 {
-			l := codec.CurrentVLLM
+			l := engineenc.CurrentVLLM
 			if e.cache.Options().Eagle {
 				l = sglang
 			}
 			// The publisher keeps the payload for replay: a fresh one each time.
-			payload = codec.AppendBatch(nil, &codec.Batch{TS: float64(r.TimestampMs) / 1000, Events: events}, l)
+			payload = engineenc.AppendBatch(nil, &codec.Batch{TS: float64(r.TimestampMs) / 1000, Events: events}, l)
 			if e.lag != nil {
 				e.lag.queue(payload, res, j.routedAt)
 				continue
@@ -206,7 +207,7 @@ func (e *engine) serve() {
 }
 
 // sglang is how SGLang publishes: map events, signed hashes, a cache_salt key.
-var sglang = codec.Layout{SignedHashes: true, SaltKey: true}
+var sglang = engineenc.Layout{SignedHashes: true, SaltKey: true}
 
 func loadTrace(o options, stderr io.Writer) ([]sim.Request, string, error) {
 	path := o.tracePath

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/kvpipe/kvpipe"
+	"github.com/kvpipe/kvpipe/internal/opstream"
+	"github.com/kvpipe/kvpipe/internal/relaypub"
 	"github.com/kvpipe/kvpipe/internal/sim"
 	"github.com/kvpipe/kvpipe/relay"
 	"github.com/nats-io/nats-server/v2/server"
@@ -31,7 +33,7 @@ type natsRun struct {
 	srv        *server.Server
 	conns      []*nats.Conn
 	engines    []*engine
-	relays     [2]*relay.Relay
+	relays     [2]*relaypub.Relay
 	stopRelays [2]func()
 	replicas   []*replica
 }
@@ -98,7 +100,7 @@ type natsResult struct {
 	wall     time.Duration
 	routed   int
 	fo       failover
-	rl       *relay.Relay // the relay leading at the end
+	rl       *relaypub.Relay // the relay leading at the end
 	info     *jetstream.StreamInfo
 	lags     []time.Duration
 	agree    bool
@@ -148,11 +150,11 @@ func (n *natsRun) startRelays(ctx context.Context) (jetstream.JetStream, error) 
 		if i == 0 {
 			js = rjs
 		}
-		lease, err := relay.NewLease(rjs, relay.LeaseConfig{Key: "replay", Logger: n.logger})
+		lease, err := relaypub.NewLease(rjs, relaypub.LeaseConfig{Key: "replay", Logger: n.logger})
 		if err != nil {
 			return nil, err
 		}
-		rl, err := relay.New(rjs, relay.Config{Pipeline: kvpipe.Config{BlockSize: n.o.blockSize, Shards: n.o.shards, Logger: n.logger},
+		rl, err := relaypub.New(rjs, relaypub.Config{Pipeline: kvpipe.Config{BlockSize: n.o.blockSize, Shards: n.o.shards, Logger: n.logger},
 			SnapshotEvery: 2 * time.Second, Lease: lease})
 		if err != nil {
 			return nil, err
@@ -228,7 +230,7 @@ func (n *natsRun) replay(ctx context.Context, reqs []sim.Request, stderr io.Writ
 
 // drained waits until the stream is quiet and returns its state.
 func (n *natsRun) drained(ctx context.Context, js jetstream.JetStream) (*jetstream.StreamInfo, error) {
-	stream, err := js.Stream(ctx, relay.DefaultStream)
+	stream, err := js.Stream(ctx, opstream.DefaultStream)
 	if err != nil {
 		return nil, err
 	}
@@ -284,7 +286,7 @@ func (n *natsRun) report(stdout io.Writer, source string, res *natsResult) {
 	}
 	info, wall := res.info, res.wall
 	fmt.Fprintf(stdout, "replay over NATS JetStream (%s, %d workers, capacity %d blocks; relay -> stream %s -> 2 router replicas)\n",
-		source, n.o.workers, n.o.capacity, relay.DefaultStream)
+		source, n.o.workers, n.o.capacity, opstream.DefaultStream)
 	fmt.Fprintf(stdout, "  requests           %d in %s; kvpipe routing (replica 0) %s\n", res.routed, wall.Round(time.Millisecond), hit)
 	fmt.Fprintf(stdout, "  stream             %d messages, %d bytes (%.0f messages/s published, %d duplicates, %d retries); %d snapshots written, the last %d bytes\n",
 		info.State.Msgs, info.State.Bytes, float64(rs.Published)/wall.Seconds(), rs.Duplicates, rs.Retries, rs.Snapshots, rs.SnapshotBytes)
@@ -343,11 +345,11 @@ type join struct {
 type failover struct {
 	at    int
 	took  time.Duration
-	stats relay.Stats
+	stats relaypub.Stats
 }
 
 // waitLeading waits until the relay holds the lease and runs its pipeline.
-func waitLeading(ctx context.Context, rl *relay.Relay) error {
+func waitLeading(ctx context.Context, rl *relaypub.Relay) error {
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
 		if p := rl.Pipeline(); rl.Stats().Terms > 0 && p != nil && len(p.Stats().Workers) > 0 {
 			return nil

@@ -17,6 +17,8 @@ func FuzzCheckMatch(f *testing.F) {
 		{Tokens: chainTokens(1, 3)},
 		{Keys: []uint64{1, 2, 3}, EagleKeys: []uint64{4}},
 		{Tokens: chainTokens(2, 2), LoraName: "sql", Salt: "tenant", Multimodal: []*kvpipev1.MultiModal{{Hash: "img", Offset: 3, Length: 20}}},
+		{Tokens: chainTokens(3, 1), RoutedTo: "e0"},
+		{Keys: []uint64{9}, RoutedTo: "bad name/"},
 		{Tokens: make([]uint32, 40), LoraId: -7, HasLoraId: true, Multimodal: []*kvpipev1.MultiModal{{Hash: "b", Offset: 30, Length: 10}, {Hash: "a", Offset: 0, Length: 1}}},
 	}
 	for _, s := range seeds {
@@ -39,6 +41,9 @@ func FuzzCheckMatch(f *testing.F) {
 		}
 		if len(r.Tokens) > l.maxTokens || len(r.Keys) > l.maxKeys() || len(r.EagleKeys) > l.maxKeys() {
 			t.Fatalf("let through past the limits: %d tokens, %d keys, %d eagle keys", len(r.Tokens), len(r.Keys), len(r.EagleKeys))
+		}
+		if r.RoutedTo != "" && checkName(r.RoutedTo) != nil {
+			t.Fatalf("let through routed_to %q", r.RoutedTo)
 		}
 		var h kvpipe.Hasher
 		q := request(&r)

@@ -15,6 +15,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1"
 	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1/kvpipev1connect"
 	"github.com/kvpipe/kvpipe/internal/wiretest"
@@ -230,11 +231,13 @@ func (e *engine) store(base, n int) {
 		}
 		b.Events = append(b.Events, ev)
 	}
-	e.pub.Publish(codec.AppendBatch(nil, &b, codec.CurrentVLLM))
+	e.pub.Publish(engineenc.AppendBatch(nil, &b, engineenc.CurrentVLLM))
 }
 
 // probe publishes an empty batch, as engines do while idle.
-func (e *engine) probe() { e.pub.Publish(codec.AppendBatch(nil, &codec.Batch{}, codec.CurrentVLLM)) }
+func (e *engine) probe() {
+	e.pub.Publish(engineenc.AppendBatch(nil, &codec.Batch{}, engineenc.CurrentVLLM))
+}
 
 // subscribed probes until the server's worker name has a batch.
 func (r *running) subscribed(name string, e *engine) {

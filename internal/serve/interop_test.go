@@ -43,8 +43,17 @@ func newPyClient(t *testing.T, r *running) *pyClient {
 	return &pyClient{t: t, python: python, server: strings.TrimPrefix(r.url, "http://")}
 }
 
-// run runs one client command and decodes its one line of JSON.
+// run runs one client command and decodes its first line of JSON.
 func (c *pyClient) run(out any, args ...string) {
+	c.t.Helper()
+	lines := c.lines(args...)
+	if err := json.Unmarshal([]byte(lines[0]), out); err != nil {
+		c.t.Fatalf("kvpipe_client.py %v printed %q: %v", args, lines[0], err)
+	}
+}
+
+// lines runs one client command and returns the lines it printed.
+func (c *pyClient) lines(args ...string) []string {
 	c.t.Helper()
 	cmd := exec.Command(c.python, append([]string{"../../examples/python/kvpipe_client.py", "--server", c.server}, args...)...)
 	cmd.Env = append(os.Environ(), "KVPIPE_TOKEN="+testToken)
@@ -52,33 +61,57 @@ func (c *pyClient) run(out any, args ...string) {
 	if err != nil {
 		c.t.Fatalf("kvpipe_client.py %v: %v: %s", args, err, data)
 	}
-	if err := json.Unmarshal([]byte(strings.SplitN(string(data), "\n", 2)[0]), out); err != nil {
-		c.t.Fatalf("kvpipe_client.py %v printed %q: %v", args, data, err)
-	}
+	return strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
 }
 
 type pyMatch struct {
 	Matches []struct {
-		Worker  string
-		Blocks  int
-		Tiers   []int
-		Score   float64
-		Partial bool
+		Worker    string
+		Blocks    int
+		Predicted int
+		Tiers     []int
+		Score     float64
+		Partial   bool
 	}
 	RequestBlocks int `json:"request_blocks"`
 }
 
-func (c *pyClient) match(tokens []uint32) pyMatch {
+func (c *pyClient) match(tokens []uint32, args ...string) pyMatch {
 	c.t.Helper()
+	var m pyMatch
+	c.run(&m, append([]string{"match", "--tokens-file", c.tokensFile(tokens)}, args...)...)
+	return m
+}
+
+// tokensFile writes tokens to a file, one a line.
+func (c *pyClient) tokensFile(tokens []uint32) string {
 	var b strings.Builder
 	for _, tok := range tokens {
 		fmt.Fprintln(&b, tok)
 	}
 	file := filepath.Join(c.t.TempDir(), "tokens")
 	os.WriteFile(file, []byte(b.String()), 0o600)
-	var m pyMatch
-	c.run(&m, "match", "--tokens-file", file)
-	return m
+	return file
+}
+
+// checkBatchAndRouted asks a batch of the engine's 20 blocks and 12 of
+// them, then routes 6 blocks no engine stored to e0: they are predicted
+// there, not held.
+func (c *pyClient) checkBatchAndRouted(full, half []uint32) {
+	c.t.Helper()
+	lines := c.lines("batch", "--tokens-file", c.tokensFile(full), "--tokens-file", c.tokensFile(half))
+	for i, want := range []int{20, 12} {
+		var m pyMatch
+		if len(lines) != 2 || json.Unmarshal([]byte(lines[i]), &m) != nil || len(m.Matches) != 1 || m.Matches[0].Blocks != want {
+			c.t.Errorf("Python batch: answer %d of %q: want %d blocks", i, lines, want)
+			return
+		}
+	}
+	fresh := pyChain(5000, 6)
+	c.match(fresh, "--routed-to", "e0")
+	if m := c.match(fresh); len(m.Matches) != 1 || m.Matches[0].Blocks != 0 || m.Matches[0].Predicted != 6 {
+		c.t.Errorf("Python match of 6 blocks routed to e0: %+v, want 6 predicted, none held", m)
+	}
 }
 
 // The Python client (grpcio) registers a C libzmq engine with a live serve
@@ -111,6 +144,7 @@ func TestInteropPythonClient(t *testing.T) {
 	if m := py.match(half); len(m.Matches) != 1 || m.Matches[0].Blocks != 12 {
 		t.Errorf("Python match of 12 of the engine's blocks, then others: %+v", m)
 	}
+	py.checkBatchAndRouted(full, half)
 	var dump struct{ Blocks []struct{ Hash string } }
 	py.run(&dump, "dump", "--worker", "e0")
 	var hashes []string

@@ -79,7 +79,7 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}
 
 // page is the status page: server-rendered, refreshing itself.
 func (s *Server) page(w http.ResponseWriter, r *http.Request) {
-	list := s.svc.list()
+	list := s.svc.list(s.svc.guard.holds(r.Header))
 	ready, _ := s.ready()
 	cur := s.svc.mon.cur.Load()
 	d := pageData{Refresh: max(int(s.cfg.Poll.Seconds()*4), 2), Now: time.Now().Format(time.RFC3339), Ready: ready,
@@ -88,7 +88,10 @@ func (s *Server) page(w http.ResponseWriter, r *http.Request) {
 		pw := pageWorker{Name: ws.Name, State: strings.TrimPrefix(ws.State.String(), "WORKER_STATE_"), Endpoint: "(relay stream)",
 			Events: fmt.Sprintf("%.0f", ws.EventsPerSecond), LastEvent: "never", Blocks: ws.IndexedBlocks,
 			Gaps: ws.Gaps, Lost: ws.Lost, Restarts: ws.Restarts, Resyncs: ws.Resyncs}
-		if ws.Spec != nil {
+		switch {
+		case ws.Spec.GetEndpointsRedacted():
+			pw.Endpoint = "(hidden: needs the token)"
+		case ws.Spec != nil:
 			pw.Endpoint = ws.Spec.Endpoint
 		}
 		if ws.LastEventAgeMs >= 0 {

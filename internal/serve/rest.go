@@ -19,7 +19,11 @@ import (
 func (s *Server) restRoutes(mux *http.ServeMux) {
 	rt := &rest{svc: s.svc, maxBytes: s.cfg.MaxMessageBytes}
 	mux.HandleFunc("POST /v1/match", rt.restMatch)
-	mux.HandleFunc("GET /v1/workers", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, s.svc.list()) })
+	mux.HandleFunc("POST /v1/match/batch", rt.restMatchBatch)
+	mux.HandleFunc("GET /v1/workers", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, s.svc.list(s.svc.guard.holds(r.Header)))
+	})
+	mux.HandleFunc("GET /v1/watch", rt.restWatch)
 	mux.HandleFunc("POST /v1/workers", rt.restRegister)
 	mux.HandleFunc("DELETE /v1/workers/{name}", rt.restUnregister)
 	mux.HandleFunc("GET /v1/dump", rt.restDump)
@@ -40,12 +44,56 @@ func (s *rest) restMatch(w http.ResponseWriter, r *http.Request) {
 	if !s.readJSON(w, r, &req) {
 		return
 	}
-	out, err := s.svc.match(r.Context(), &req)
+	out, err := s.svc.match(r.Context(), r.Header, &req)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *rest) restMatchBatch(w http.ResponseWriter, r *http.Request) {
+	var req kvpipev1.MatchBatchRequest
+	if !s.readJSON(w, r, &req) {
+		return
+	}
+	out, err := s.svc.matchBatch(r.Context(), r.Header, &req)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// restWatch streams WatchWorkers as JSON lines (application/x-ndjson), one
+// WorkerEvent a line, flushed as each comes: the framing of /v1/dump, read
+// line by line by any HTTP client (curl -N, a Python or Rust loop) with no
+// event-stream parser, and a router reconnects on its own terms, where
+// server-sent events would add a browser's retry and event ids nothing
+// here needs. A stream that falls behind ends with a last line in the
+// error shape ({"code": "resource_exhausted", ...}): reconnect.
+func (s *rest) restWatch(w http.ResponseWriter, r *http.Request) {
+	rc := http.NewResponseController(w)
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	if err := rc.Flush(); err != nil { // headers now: the first change may be long in coming
+		return
+	}
+	err := s.svc.watch(r.Context(), s.svc.guard.holds(r.Header), func(ev *kvpipev1.WorkerEvent) error {
+		data, err := marshalJSON(ev)
+		if err == nil {
+			_, err = w.Write(data)
+		}
+		if err == nil {
+			err = rc.Flush()
+		}
+		return err
+	})
+	if connect.CodeOf(err) == connect.CodeResourceExhausted {
+		body, _ := json.Marshal(errorBody{connect.CodeResourceExhausted.String(), message(err)})
+		w.Write(append(body, '\n'))
+	}
 }
 
 func (s *rest) restRegister(w http.ResponseWriter, r *http.Request) {
@@ -153,22 +201,29 @@ func marshalJSON(m proto.Message) ([]byte, error) {
 // writeError answers with the HTTP status of err's code and a body as
 // Connect's: {"code": "invalid_argument", "message": "..."}.
 func writeError(w http.ResponseWriter, err error) {
-	code := connect.CodeOf(err)
-	msg := err.Error()
-	var ce *connect.Error
-	if errors.As(err, &ce) {
-		msg = ce.Message()
-	}
+	code, msg := connect.CodeOf(err), message(err)
 	w.Header().Set("Content-Type", "application/json")
 	if code == connect.CodeUnauthenticated {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="kvpipe"`)
 	}
 	w.WriteHeader(httpStatus(code))
-	body, _ := json.Marshal(struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
-	}{code.String(), msg})
+	body, _ := json.Marshal(errorBody{code.String(), msg})
 	w.Write(append(body, '\n'))
+}
+
+// errorBody is an error as Connect writes it in JSON.
+type errorBody struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// message is err's text without the code Connect prefixes to it.
+func message(err error) string {
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return ce.Message()
+	}
+	return err.Error()
 }
 
 func httpStatus(c connect.Code) int {

@@ -27,12 +27,24 @@ type service struct {
 	mon     *monitor
 	closing <-chan struct{} // closed when the server drains: streams end
 	saved   func()          // the registrations changed: save them
+	// scratch holds *[]kvpipe.Match: the pipeline's answers while a
+	// match's response is built, reused across calls.
+	scratch sync.Pool
 
 	mu    sync.Mutex // guards specs
 	specs map[string]*kvpipev1.WorkerSpec
 }
 
 func clone(w *kvpipev1.WorkerSpec) *kvpipev1.WorkerSpec { return proto.Clone(w).(*kvpipev1.WorkerSpec) }
+
+// redact returns w without its endpoints, for a caller without the token:
+// they are internal addresses, and name the engines to reach.
+func redact(w *kvpipev1.WorkerSpec) *kvpipev1.WorkerSpec {
+	if w == nil {
+		return nil
+	}
+	return &kvpipev1.WorkerSpec{Name: w.Name, Topic: w.Topic, BlockSize: w.BlockSize, Eagle: w.Eagle, EndpointsRedacted: true}
+}
 
 func (s *service) spec(name string) *kvpipev1.WorkerSpec {
 	s.mu.Lock()
@@ -60,63 +72,6 @@ func cmpString(a, b string) int {
 		return 1
 	}
 	return 0
-}
-
-func (s *service) Match(ctx context.Context, req *connect.Request[kvpipev1.MatchRequest]) (*connect.Response[kvpipev1.MatchResponse], error) {
-	out, err := s.match(ctx, req.Msg)
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(out), nil
-}
-
-func (s *service) match(ctx context.Context, r *kvpipev1.MatchRequest) (*kvpipev1.MatchResponse, error) {
-	if err := s.limits.checkMatch(r); err != nil {
-		s.guard.refused("invalid_argument")
-		return nil, err
-	}
-	var ms []kvpipe.Match
-	var err error
-	out := &kvpipev1.MatchResponse{}
-	if len(r.Keys) > 0 || len(r.EagleKeys) > 0 {
-		out.RequestBlocks = uint32(max(len(r.Keys), len(r.EagleKeys)))
-		ms, err = s.p.AppendMatchesKeys(ctx, nil, nilIfEmpty(r.Keys), nilIfEmpty(r.EagleKeys))
-	} else {
-		out.RequestBlocks = uint32(len(r.Tokens) / s.limits.blockSize)
-		ms, err = s.p.FindMatchesRequest(ctx, request(r))
-	}
-	if err != nil {
-		return nil, pipelineError(err)
-	}
-	cur, now := s.mon.cur.Load(), time.Now()
-	out.Matches = make([]*kvpipev1.WorkerMatch, len(ms))
-	for i, m := range ms {
-		wm := &kvpipev1.WorkerMatch{Worker: m.Worker, Blocks: uint32(m.Blocks), Score: m.Score, Partial: m.Partial, Eagle: m.Eagle,
-			Tiers: make([]uint32, len(m.Tiers)), LastEventAgeMs: age(cur.workers[m.Worker], now)}
-		for t, n := range m.Tiers {
-			wm.Tiers[t] = uint32(n)
-		}
-		out.Matches[i] = wm
-	}
-	slices.SortStableFunc(out.Matches, func(a, b *kvpipev1.WorkerMatch) int {
-		if a.Score != b.Score {
-			if a.Score > b.Score {
-				return -1
-			}
-			return 1
-		}
-		return cmpString(a.Worker, b.Worker)
-	})
-	return out, nil
-}
-
-// nilIfEmpty keeps AppendMatchesKeys' meaning of nil: leave that kind of
-// worker out.
-func nilIfEmpty(k []uint64) []uint64 {
-	if len(k) == 0 {
-		return nil
-	}
-	return k
 }
 
 func pipelineError(err error) error {
@@ -203,12 +158,13 @@ func (s *service) unregister(ctx context.Context, name string) error {
 	return nil
 }
 
-func (s *service) ListWorkers(ctx context.Context, _ *connect.Request[kvpipev1.ListWorkersRequest]) (*connect.Response[kvpipev1.ListWorkersResponse], error) {
-	return connect.NewResponse(s.list()), nil
+func (s *service) ListWorkers(ctx context.Context, req *connect.Request[kvpipev1.ListWorkersRequest]) (*connect.Response[kvpipev1.ListWorkersResponse], error) {
+	return connect.NewResponse(s.list(s.guard.holds(req.Header()))), nil
 }
 
-// list reads the counters now, and the derived fields from the last sample.
-func (s *service) list() *kvpipev1.ListWorkersResponse {
+// list reads the counters now, and the derived fields from the last sample;
+// the endpoints only when full (the caller holds the token).
+func (s *service) list(full bool) *kvpipev1.ListWorkersResponse {
 	st := s.p.Stats()
 	cur, now := s.mon.cur.Load(), time.Now()
 	out := &kvpipev1.ListWorkersResponse{Workers: make([]*kvpipev1.WorkerStatus, 0, len(st.Workers))}
@@ -222,22 +178,26 @@ func (s *service) list() *kvpipev1.ListWorkersResponse {
 		if old != nil {
 			fresh.EventsPerSecond = old.status.EventsPerSecond
 		}
+		if !full {
+			fresh.Spec = redact(fresh.Spec)
+		}
 		out.Workers = append(out.Workers, fresh)
 	}
 	return out
 }
 
-func (s *service) WatchWorkers(ctx context.Context, _ *connect.Request[kvpipev1.WatchWorkersRequest], stream *connect.ServerStream[kvpipev1.WorkerEvent]) error {
+func (s *service) WatchWorkers(ctx context.Context, req *connect.Request[kvpipev1.WatchWorkersRequest], stream *connect.ServerStream[kvpipev1.WorkerEvent]) error {
 	// Headers now: a client waits for them before its first Receive, and
 	// with no worker yet nothing else would send them.
 	if err := stream.Send(nil); err != nil {
 		return err
 	}
-	return s.watch(ctx, stream.Send)
+	return s.watch(ctx, s.guard.holds(req.Header()), stream.Send)
 }
 
-// watch sends worker events until ctx ends or the server drains.
-func (s *service) watch(ctx context.Context, send func(*kvpipev1.WorkerEvent) error) error {
+// watch sends worker events until ctx ends or the server drains, with the
+// endpoints only when full (the caller holds the token).
+func (s *service) watch(ctx context.Context, full bool, send func(*kvpipev1.WorkerEvent) error) error {
 	w := s.mon.watch()
 	defer s.mon.unwatch(w)
 	for {
@@ -249,6 +209,10 @@ func (s *service) watch(ctx context.Context, send func(*kvpipev1.WorkerEvent) er
 		case <-w.lagged:
 			return connect.NewError(connect.CodeResourceExhausted, errors.New("watch: the stream fell behind the workers' changes: call again"))
 		case ev := <-w.events:
+			if !full && ev.Worker.GetSpec() != nil {
+				ev = &kvpipev1.WorkerEvent{Worker: proto.Clone(ev.Worker).(*kvpipev1.WorkerStatus), UnixMs: ev.UnixMs}
+				ev.Worker.Spec = redact(ev.Worker.Spec)
+			}
 			if err := send(ev); err != nil {
 				return err
 			}

@@ -56,6 +56,11 @@ func (l limits) checkMatch(r *kvpipev1.MatchRequest) error {
 	case len(r.Multimodal) > maxMultiModal:
 		return invalid("match: %d multimodal inputs, more than %d", len(r.Multimodal), maxMultiModal)
 	}
+	if r.RoutedTo != "" {
+		if err := checkName(r.RoutedTo); err != nil {
+			return invalid("match: routed_to: %s", message(err))
+		}
+	}
 	for i, mm := range r.Multimodal {
 		end := uint64(mm.Offset) + uint64(mm.Length)
 		switch {

@@ -8,6 +8,7 @@ import (
 	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 )
 
 // All options at once, through kvpipe's actor and index: the partial-tail
@@ -38,7 +39,7 @@ func TestRealisticEnginesThroughTheActor(t *testing.T) {
 				evs, res := engines[w].ServeResult(nil, &reqs[i], InputTokens(nil, &reqs[i]))
 				hostHits += res.HostHits
 				if len(evs) > 0 {
-					actors[w].HandleBatch(uint64(i), codec.AppendBatch(nil, &codec.Batch{Events: evs}, codec.CurrentVLLM))
+					actors[w].HandleBatch(uint64(i), engineenc.AppendBatch(nil, &codec.Batch{Events: evs}, engineenc.CurrentVLLM))
 				}
 				if err := shards.Sync(context.Background()); err != nil {
 					t.Fatal(err)
@@ -110,12 +111,12 @@ func TestEagleEnginesBesidePlainOnes(t *testing.T) {
 	for i := range reqs {
 		w := int(reqs[i].HashIDs[len(reqs[i].HashIDs)-1] % workers)
 		evs, _ := engines[w].ServeResult(nil, &reqs[i], InputTokens(nil, &reqs[i]))
-		l := codec.CurrentVLLM
+		l := engineenc.CurrentVLLM
 		if engines[w].Options().Eagle {
-			l = codec.Layout{SignedHashes: true, SaltKey: true} // SGLang's
+			l = engineenc.Layout{SignedHashes: true, SaltKey: true} // SGLang's
 		}
 		if len(evs) > 0 {
-			actors[w].HandleBatch(uint64(i), codec.AppendBatch(nil, &codec.Batch{Events: evs}, l))
+			actors[w].HandleBatch(uint64(i), engineenc.AppendBatch(nil, &codec.Batch{Events: evs}, l))
 		}
 		if err := shards.Sync(context.Background()); err != nil {
 			t.Fatal(err)

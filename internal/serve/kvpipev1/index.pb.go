@@ -97,11 +97,17 @@ type MatchRequest struct {
 	// lora_name names the request's adapter; an engine that publishes only
 	// lora ids is matched with lora_id, when has_lora_id. (No proto3
 	// "optional": older protoc releases, such as grpc_tools', refuse it.)
-	LoraName      string        `protobuf:"bytes,4,opt,name=lora_name,json=loraName,proto3" json:"lora_name,omitempty"`
-	LoraId        int64         `protobuf:"varint,5,opt,name=lora_id,json=loraId,proto3" json:"lora_id,omitempty"`
-	HasLoraId     bool          `protobuf:"varint,8,opt,name=has_lora_id,json=hasLoraId,proto3" json:"has_lora_id,omitempty"`
-	Salt          string        `protobuf:"bytes,6,opt,name=salt,proto3" json:"salt,omitempty"` // the request's cache salt
-	Multimodal    []*MultiModal `protobuf:"bytes,7,rep,name=multimodal,proto3" json:"multimodal,omitempty"`
+	LoraName   string        `protobuf:"bytes,4,opt,name=lora_name,json=loraName,proto3" json:"lora_name,omitempty"`
+	LoraId     int64         `protobuf:"varint,5,opt,name=lora_id,json=loraId,proto3" json:"lora_id,omitempty"`
+	HasLoraId  bool          `protobuf:"varint,8,opt,name=has_lora_id,json=hasLoraId,proto3" json:"has_lora_id,omitempty"`
+	Salt       string        `protobuf:"bytes,6,opt,name=salt,proto3" json:"salt,omitempty"` // the request's cache salt
+	Multimodal []*MultiModal `protobuf:"bytes,7,rep,name=multimodal,proto3" json:"multimodal,omitempty"`
+	// routed_to names the worker the caller sends this request to: once the
+	// answer is made, the request's keys count as predicted there
+	// (WorkerMatch.predicted) until the engine's events confirm or end them,
+	// or their TTL passes. The answer is the index before this routing.
+	// Needs the bearer token.
+	RoutedTo      string `protobuf:"bytes,9,opt,name=routed_to,json=routedTo,proto3" json:"routed_to,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -192,6 +198,156 @@ func (x *MatchRequest) GetMultimodal() []*MultiModal {
 	return nil
 }
 
+func (x *MatchRequest) GetRoutedTo() string {
+	if x != nil {
+		return x.RoutedTo
+	}
+	return ""
+}
+
+type MatchBatchRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Requests      []*MatchRequest        `protobuf:"bytes,1,rep,name=requests,proto3" json:"requests,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MatchBatchRequest) Reset() {
+	*x = MatchBatchRequest{}
+	mi := &file_kvpipe_v1_index_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MatchBatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MatchBatchRequest) ProtoMessage() {}
+
+func (x *MatchBatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpipe_v1_index_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MatchBatchRequest.ProtoReflect.Descriptor instead.
+func (*MatchBatchRequest) Descriptor() ([]byte, []int) {
+	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *MatchBatchRequest) GetRequests() []*MatchRequest {
+	if x != nil {
+		return x.Requests
+	}
+	return nil
+}
+
+type MatchBatchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// responses[i] answers requests[i].
+	Responses     []*MatchResponse `protobuf:"bytes,1,rep,name=responses,proto3" json:"responses,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MatchBatchResponse) Reset() {
+	*x = MatchBatchResponse{}
+	mi := &file_kvpipe_v1_index_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MatchBatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MatchBatchResponse) ProtoMessage() {}
+
+func (x *MatchBatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpipe_v1_index_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MatchBatchResponse.ProtoReflect.Descriptor instead.
+func (*MatchBatchResponse) Descriptor() ([]byte, []int) {
+	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *MatchBatchResponse) GetResponses() []*MatchResponse {
+	if x != nil {
+		return x.Responses
+	}
+	return nil
+}
+
+// MatchError is why one request of a MatchBatch or MatchStream was refused:
+// code as gRPC names it in lower case ("invalid_argument", ...).
+type MatchError struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Code          string                 `protobuf:"bytes,1,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MatchError) Reset() {
+	*x = MatchError{}
+	mi := &file_kvpipe_v1_index_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MatchError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MatchError) ProtoMessage() {}
+
+func (x *MatchError) ProtoReflect() protoreflect.Message {
+	mi := &file_kvpipe_v1_index_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MatchError.ProtoReflect.Descriptor instead.
+func (*MatchError) Descriptor() ([]byte, []int) {
+	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *MatchError) GetCode() string {
+	if x != nil {
+		return x.Code
+	}
+	return ""
+}
+
+func (x *MatchError) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 // MultiModal is one multimodal input: its content hash and the range of its
 // placeholder tokens, [offset, offset+length).
 type MultiModal struct {
@@ -205,7 +361,7 @@ type MultiModal struct {
 
 func (x *MultiModal) Reset() {
 	*x = MultiModal{}
-	mi := &file_kvpipe_v1_index_proto_msgTypes[1]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -217,7 +373,7 @@ func (x *MultiModal) String() string {
 func (*MultiModal) ProtoMessage() {}
 
 func (x *MultiModal) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpipe_v1_index_proto_msgTypes[1]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -230,7 +386,7 @@ func (x *MultiModal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MultiModal.ProtoReflect.Descriptor instead.
 func (*MultiModal) Descriptor() ([]byte, []int) {
-	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{1}
+	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *MultiModal) GetHash() string {
@@ -260,13 +416,16 @@ type MatchResponse struct {
 	// score first.
 	Matches       []*WorkerMatch `protobuf:"bytes,1,rep,name=matches,proto3" json:"matches,omitempty"`
 	RequestBlocks uint32         `protobuf:"varint,2,opt,name=request_blocks,json=requestBlocks,proto3" json:"request_blocks,omitempty"` // whole router blocks in the request
+	// error is set, in a MatchBatch or MatchStream answer only, when this
+	// request was refused; a unary Match answers an error with its status.
+	Error         *MatchError `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *MatchResponse) Reset() {
 	*x = MatchResponse{}
-	mi := &file_kvpipe_v1_index_proto_msgTypes[2]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -278,7 +437,7 @@ func (x *MatchResponse) String() string {
 func (*MatchResponse) ProtoMessage() {}
 
 func (x *MatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpipe_v1_index_proto_msgTypes[2]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -291,7 +450,7 @@ func (x *MatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MatchResponse.ProtoReflect.Descriptor instead.
 func (*MatchResponse) Descriptor() ([]byte, []int) {
-	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{2}
+	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *MatchResponse) GetMatches() []*WorkerMatch {
@@ -308,6 +467,13 @@ func (x *MatchResponse) GetRequestBlocks() uint32 {
 	return 0
 }
 
+func (x *MatchResponse) GetError() *MatchError {
+	if x != nil {
+		return x.Error
+	}
+	return nil
+}
+
 type WorkerMatch struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Worker string                 `protobuf:"bytes,1,opt,name=worker,proto3" json:"worker,omitempty"`
@@ -322,13 +488,17 @@ type WorkerMatch struct {
 	// last_event_age_ms is how long ago the worker's last batch arrived, as
 	// the server samples it (to its poll interval); -1 before any.
 	LastEventAgeMs int64 `protobuf:"varint,7,opt,name=last_event_age_ms,json=lastEventAgeMs,proto3" json:"last_event_age_ms,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// predicted is how many leading blocks the worker holds on device or is
+	// predicted to (requests routed to it, routed_to): at least blocks;
+	// predicted - blocks are claims no event has confirmed yet.
+	Predicted     uint32 `protobuf:"varint,8,opt,name=predicted,proto3" json:"predicted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WorkerMatch) Reset() {
 	*x = WorkerMatch{}
-	mi := &file_kvpipe_v1_index_proto_msgTypes[3]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -340,7 +510,7 @@ func (x *WorkerMatch) String() string {
 func (*WorkerMatch) ProtoMessage() {}
 
 func (x *WorkerMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpipe_v1_index_proto_msgTypes[3]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -353,7 +523,7 @@ func (x *WorkerMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerMatch.ProtoReflect.Descriptor instead.
 func (*WorkerMatch) Descriptor() ([]byte, []int) {
-	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{3}
+	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *WorkerMatch) GetWorker() string {
@@ -405,6 +575,13 @@ func (x *WorkerMatch) GetLastEventAgeMs() int64 {
 	return 0
 }
 
+func (x *WorkerMatch) GetPredicted() uint32 {
+	if x != nil {
+		return x.Predicted
+	}
+	return 0
+}
+
 // WorkerSpec is how to reach one engine.
 type WorkerSpec struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
@@ -414,15 +591,18 @@ type WorkerSpec struct {
 	SnapshotEndpoint string                 `protobuf:"bytes,4,opt,name=snapshot_endpoint,json=snapshotEndpoint,proto3" json:"snapshot_endpoint,omitempty"` // its snapshot ROUTER (SGLang); empty when none
 	Topic            string                 `protobuf:"bytes,5,opt,name=topic,proto3" json:"topic,omitempty"`                                               // ZMQ topic prefix; engines default to ""
 	// block_size is the engine's, when given: a multiple of the router's.
-	BlockSize     uint32 `protobuf:"varint,6,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
-	Eagle         bool   `protobuf:"varint,7,opt,name=eagle,proto3" json:"eagle,omitempty"` // EAGLE-family speculative decoding (learned anyway)
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	BlockSize uint32 `protobuf:"varint,6,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	Eagle     bool   `protobuf:"varint,7,opt,name=eagle,proto3" json:"eagle,omitempty"` // EAGLE-family speculative decoding (learned anyway)
+	// endpoints_redacted: the endpoints were left out of this answer, which
+	// was asked without the bearer token (they are internal addresses).
+	EndpointsRedacted bool `protobuf:"varint,8,opt,name=endpoints_redacted,json=endpointsRedacted,proto3" json:"endpoints_redacted,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *WorkerSpec) Reset() {
 	*x = WorkerSpec{}
-	mi := &file_kvpipe_v1_index_proto_msgTypes[4]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -434,7 +614,7 @@ func (x *WorkerSpec) String() string {
 func (*WorkerSpec) ProtoMessage() {}
 
 func (x *WorkerSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpipe_v1_index_proto_msgTypes[4]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -447,7 +627,7 @@ func (x *WorkerSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerSpec.ProtoReflect.Descriptor instead.
 func (*WorkerSpec) Descriptor() ([]byte, []int) {
-	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{4}
+	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *WorkerSpec) GetName() string {
@@ -499,6 +679,13 @@ func (x *WorkerSpec) GetEagle() bool {
 	return false
 }
 
+func (x *WorkerSpec) GetEndpointsRedacted() bool {
+	if x != nil {
+		return x.EndpointsRedacted
+	}
+	return false
+}
+
 type RegisterWorkerRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Worker        *WorkerSpec            `protobuf:"bytes,1,opt,name=worker,proto3" json:"worker,omitempty"`
@@ -508,7 +695,7 @@ type RegisterWorkerRequest struct {
 
 func (x *RegisterWorkerRequest) Reset() {
 	*x = RegisterWorkerRequest{}
-	mi := &file_kvpipe_v1_index_proto_msgTypes[5]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -520,7 +707,7 @@ func (x *RegisterWorkerRequest) String() string {
 func (*RegisterWorkerRequest) ProtoMessage() {}
 
 func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpipe_v1_index_proto_msgTypes[5]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -533,7 +720,7 @@ func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerRequest.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{5}
+	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RegisterWorkerRequest) GetWorker() *WorkerSpec {
@@ -552,7 +739,7 @@ type RegisterWorkerResponse struct {
 
 func (x *RegisterWorkerResponse) Reset() {
 	*x = RegisterWorkerResponse{}
-	mi := &file_kvpipe_v1_index_proto_msgTypes[6]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -564,7 +751,7 @@ func (x *RegisterWorkerResponse) String() string {
 func (*RegisterWorkerResponse) ProtoMessage() {}
 
 func (x *RegisterWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpipe_v1_index_proto_msgTypes[6]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -577,7 +764,7 @@ func (x *RegisterWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerResponse.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{6}
+	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RegisterWorkerResponse) GetWorker() *WorkerSpec {
@@ -596,7 +783,7 @@ type UnregisterWorkerRequest struct {
 
 func (x *UnregisterWorkerRequest) Reset() {
 	*x = UnregisterWorkerRequest{}
-	mi := &file_kvpipe_v1_index_proto_msgTypes[7]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -608,7 +795,7 @@ func (x *UnregisterWorkerRequest) String() string {
 func (*UnregisterWorkerRequest) ProtoMessage() {}
 
 func (x *UnregisterWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpipe_v1_index_proto_msgTypes[7]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -621,7 +808,7 @@ func (x *UnregisterWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnregisterWorkerRequest.ProtoReflect.Descriptor instead.
 func (*UnregisterWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{7}
+	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *UnregisterWorkerRequest) GetName() string {
@@ -639,7 +826,7 @@ type UnregisterWorkerResponse struct {
 
 func (x *UnregisterWorkerResponse) Reset() {
 	*x = UnregisterWorkerResponse{}
-	mi := &file_kvpipe_v1_index_proto_msgTypes[8]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -651,7 +838,7 @@ func (x *UnregisterWorkerResponse) String() string {
 func (*UnregisterWorkerResponse) ProtoMessage() {}
 
 func (x *UnregisterWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpipe_v1_index_proto_msgTypes[8]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -664,7 +851,7 @@ func (x *UnregisterWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnregisterWorkerResponse.ProtoReflect.Descriptor instead.
 func (*UnregisterWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{8}
+	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{11}
 }
 
 type ListWorkersRequest struct {
@@ -675,7 +862,7 @@ type ListWorkersRequest struct {
 
 func (x *ListWorkersRequest) Reset() {
 	*x = ListWorkersRequest{}
-	mi := &file_kvpipe_v1_index_proto_msgTypes[9]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -687,7 +874,7 @@ func (x *ListWorkersRequest) String() string {
 func (*ListWorkersRequest) ProtoMessage() {}
 
 func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpipe_v1_index_proto_msgTypes[9]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -700,7 +887,7 @@ func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{9}
+	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{12}
 }
 
 type ListWorkersResponse struct {
@@ -713,7 +900,7 @@ type ListWorkersResponse struct {
 
 func (x *ListWorkersResponse) Reset() {
 	*x = ListWorkersResponse{}
-	mi := &file_kvpipe_v1_index_proto_msgTypes[10]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -725,7 +912,7 @@ func (x *ListWorkersResponse) String() string {
 func (*ListWorkersResponse) ProtoMessage() {}
 
 func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpipe_v1_index_proto_msgTypes[10]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -738,7 +925,7 @@ func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{10}
+	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListWorkersResponse) GetWorkers() []*WorkerStatus {
@@ -778,7 +965,7 @@ type WorkerStatus struct {
 
 func (x *WorkerStatus) Reset() {
 	*x = WorkerStatus{}
-	mi := &file_kvpipe_v1_index_proto_msgTypes[11]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -790,7 +977,7 @@ func (x *WorkerStatus) String() string {
 func (*WorkerStatus) ProtoMessage() {}
 
 func (x *WorkerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpipe_v1_index_proto_msgTypes[11]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -803,7 +990,7 @@ func (x *WorkerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerStatus.ProtoReflect.Descriptor instead.
 func (*WorkerStatus) Descriptor() ([]byte, []int) {
-	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{11}
+	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *WorkerStatus) GetName() string {
@@ -919,7 +1106,7 @@ type WatchWorkersRequest struct {
 
 func (x *WatchWorkersRequest) Reset() {
 	*x = WatchWorkersRequest{}
-	mi := &file_kvpipe_v1_index_proto_msgTypes[12]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -931,7 +1118,7 @@ func (x *WatchWorkersRequest) String() string {
 func (*WatchWorkersRequest) ProtoMessage() {}
 
 func (x *WatchWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpipe_v1_index_proto_msgTypes[12]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -944,7 +1131,7 @@ func (x *WatchWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchWorkersRequest.ProtoReflect.Descriptor instead.
 func (*WatchWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{12}
+	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{15}
 }
 
 type WorkerEvent struct {
@@ -957,7 +1144,7 @@ type WorkerEvent struct {
 
 func (x *WorkerEvent) Reset() {
 	*x = WorkerEvent{}
-	mi := &file_kvpipe_v1_index_proto_msgTypes[13]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -969,7 +1156,7 @@ func (x *WorkerEvent) String() string {
 func (*WorkerEvent) ProtoMessage() {}
 
 func (x *WorkerEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpipe_v1_index_proto_msgTypes[13]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -982,7 +1169,7 @@ func (x *WorkerEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerEvent.ProtoReflect.Descriptor instead.
 func (*WorkerEvent) Descriptor() ([]byte, []int) {
-	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{13}
+	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *WorkerEvent) GetWorker() *WorkerStatus {
@@ -1008,7 +1195,7 @@ type DumpRequest struct {
 
 func (x *DumpRequest) Reset() {
 	*x = DumpRequest{}
-	mi := &file_kvpipe_v1_index_proto_msgTypes[14]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1020,7 +1207,7 @@ func (x *DumpRequest) String() string {
 func (*DumpRequest) ProtoMessage() {}
 
 func (x *DumpRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpipe_v1_index_proto_msgTypes[14]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1033,7 +1220,7 @@ func (x *DumpRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpRequest.ProtoReflect.Descriptor instead.
 func (*DumpRequest) Descriptor() ([]byte, []int) {
-	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{14}
+	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DumpRequest) GetWorker() string {
@@ -1054,7 +1241,7 @@ type DumpResponse struct {
 
 func (x *DumpResponse) Reset() {
 	*x = DumpResponse{}
-	mi := &file_kvpipe_v1_index_proto_msgTypes[15]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1066,7 +1253,7 @@ func (x *DumpResponse) String() string {
 func (*DumpResponse) ProtoMessage() {}
 
 func (x *DumpResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpipe_v1_index_proto_msgTypes[15]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1079,7 +1266,7 @@ func (x *DumpResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpResponse.ProtoReflect.Descriptor instead.
 func (*DumpResponse) Descriptor() ([]byte, []int) {
-	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{15}
+	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DumpResponse) GetBlocks() []*Block {
@@ -1102,7 +1289,7 @@ type Block struct {
 
 func (x *Block) Reset() {
 	*x = Block{}
-	mi := &file_kvpipe_v1_index_proto_msgTypes[16]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1114,7 +1301,7 @@ func (x *Block) String() string {
 func (*Block) ProtoMessage() {}
 
 func (x *Block) ProtoReflect() protoreflect.Message {
-	mi := &file_kvpipe_v1_index_proto_msgTypes[16]
+	mi := &file_kvpipe_v1_index_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1127,7 +1314,7 @@ func (x *Block) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Block.ProtoReflect.Descriptor instead.
 func (*Block) Descriptor() ([]byte, []int) {
-	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{16}
+	return file_kvpipe_v1_index_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Block) GetHash() uint64 {
@@ -1169,7 +1356,7 @@ var File_kvpipe_v1_index_proto protoreflect.FileDescriptor
 
 const file_kvpipe_v1_index_proto_rawDesc = "" +
 	"\n" +
-	"\x15kvpipe/v1/index.proto\x12\tkvpipe.v1\"\xfa\x01\n" +
+	"\x15kvpipe/v1/index.proto\x12\tkvpipe.v1\"\x97\x02\n" +
 	"\fMatchRequest\x12\x16\n" +
 	"\x06tokens\x18\x01 \x03(\rR\x06tokens\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\x06R\x04keys\x12\x1d\n" +
@@ -1181,15 +1368,25 @@ const file_kvpipe_v1_index_proto_rawDesc = "" +
 	"\x04salt\x18\x06 \x01(\tR\x04salt\x125\n" +
 	"\n" +
 	"multimodal\x18\a \x03(\v2\x15.kvpipe.v1.MultiModalR\n" +
-	"multimodal\"P\n" +
+	"multimodal\x12\x1b\n" +
+	"\trouted_to\x18\t \x01(\tR\broutedTo\"H\n" +
+	"\x11MatchBatchRequest\x123\n" +
+	"\brequests\x18\x01 \x03(\v2\x17.kvpipe.v1.MatchRequestR\brequests\"L\n" +
+	"\x12MatchBatchResponse\x126\n" +
+	"\tresponses\x18\x01 \x03(\v2\x18.kvpipe.v1.MatchResponseR\tresponses\":\n" +
+	"\n" +
+	"MatchError\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\tR\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"P\n" +
 	"\n" +
 	"MultiModal\x12\x12\n" +
 	"\x04hash\x18\x01 \x01(\tR\x04hash\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\rR\x06offset\x12\x16\n" +
-	"\x06length\x18\x03 \x01(\rR\x06length\"h\n" +
+	"\x06length\x18\x03 \x01(\rR\x06length\"\x95\x01\n" +
 	"\rMatchResponse\x120\n" +
 	"\amatches\x18\x01 \x03(\v2\x16.kvpipe.v1.WorkerMatchR\amatches\x12%\n" +
-	"\x0erequest_blocks\x18\x02 \x01(\rR\rrequestBlocks\"\xc4\x01\n" +
+	"\x0erequest_blocks\x18\x02 \x01(\rR\rrequestBlocks\x12+\n" +
+	"\x05error\x18\x03 \x01(\v2\x15.kvpipe.v1.MatchErrorR\x05error\"\xe2\x01\n" +
 	"\vWorkerMatch\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\rR\x06blocks\x12\x14\n" +
@@ -1197,7 +1394,8 @@ const file_kvpipe_v1_index_proto_rawDesc = "" +
 	"\x05score\x18\x04 \x01(\x01R\x05score\x12\x18\n" +
 	"\apartial\x18\x05 \x01(\bR\apartial\x12\x14\n" +
 	"\x05eagle\x18\x06 \x01(\bR\x05eagle\x12)\n" +
-	"\x11last_event_age_ms\x18\a \x01(\x03R\x0elastEventAgeMs\"\xdd\x01\n" +
+	"\x11last_event_age_ms\x18\a \x01(\x03R\x0elastEventAgeMs\x12\x1c\n" +
+	"\tpredicted\x18\b \x01(\rR\tpredicted\"\x8c\x02\n" +
 	"\n" +
 	"WorkerSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
@@ -1207,7 +1405,8 @@ const file_kvpipe_v1_index_proto_rawDesc = "" +
 	"\x05topic\x18\x05 \x01(\tR\x05topic\x12\x1d\n" +
 	"\n" +
 	"block_size\x18\x06 \x01(\rR\tblockSize\x12\x14\n" +
-	"\x05eagle\x18\a \x01(\bR\x05eagle\"F\n" +
+	"\x05eagle\x18\a \x01(\bR\x05eagle\x12-\n" +
+	"\x12endpoints_redacted\x18\b \x01(\bR\x11endpointsRedacted\"F\n" +
 	"\x15RegisterWorkerRequest\x12-\n" +
 	"\x06worker\x18\x01 \x01(\v2\x15.kvpipe.v1.WorkerSpecR\x06worker\"G\n" +
 	"\x16RegisterWorkerResponse\x12-\n" +
@@ -1261,9 +1460,12 @@ const file_kvpipe_v1_index_proto_rawDesc = "" +
 	"\x16WORKER_STATE_CONNECTED\x10\x02\x12\x18\n" +
 	"\x14WORKER_STATE_PARTIAL\x10\x03\x12\x19\n" +
 	"\x15WORKER_STATE_FOLLOWED\x10\x04\x12\x18\n" +
-	"\x14WORKER_STATE_REMOVED\x10\x052\xd1\x03\n" +
+	"\x14WORKER_STATE_REMOVED\x10\x052\xe2\x04\n" +
 	"\fIndexService\x12:\n" +
-	"\x05Match\x12\x17.kvpipe.v1.MatchRequest\x1a\x18.kvpipe.v1.MatchResponse\x12U\n" +
+	"\x05Match\x12\x17.kvpipe.v1.MatchRequest\x1a\x18.kvpipe.v1.MatchResponse\x12I\n" +
+	"\n" +
+	"MatchBatch\x12\x1c.kvpipe.v1.MatchBatchRequest\x1a\x1d.kvpipe.v1.MatchBatchResponse\x12D\n" +
+	"\vMatchStream\x12\x17.kvpipe.v1.MatchRequest\x1a\x18.kvpipe.v1.MatchResponse(\x010\x01\x12U\n" +
 	"\x0eRegisterWorker\x12 .kvpipe.v1.RegisterWorkerRequest\x1a!.kvpipe.v1.RegisterWorkerResponse\x12[\n" +
 	"\x10UnregisterWorker\x12\".kvpipe.v1.UnregisterWorkerRequest\x1a#.kvpipe.v1.UnregisterWorkerResponse\x12L\n" +
 	"\vListWorkers\x12\x1d.kvpipe.v1.ListWorkersRequest\x1a\x1e.kvpipe.v1.ListWorkersResponse\x12H\n" +
@@ -1283,54 +1485,64 @@ func file_kvpipe_v1_index_proto_rawDescGZIP() []byte {
 }
 
 var file_kvpipe_v1_index_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kvpipe_v1_index_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_kvpipe_v1_index_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_kvpipe_v1_index_proto_goTypes = []any{
 	(WorkerState)(0),                 // 0: kvpipe.v1.WorkerState
 	(*MatchRequest)(nil),             // 1: kvpipe.v1.MatchRequest
-	(*MultiModal)(nil),               // 2: kvpipe.v1.MultiModal
-	(*MatchResponse)(nil),            // 3: kvpipe.v1.MatchResponse
-	(*WorkerMatch)(nil),              // 4: kvpipe.v1.WorkerMatch
-	(*WorkerSpec)(nil),               // 5: kvpipe.v1.WorkerSpec
-	(*RegisterWorkerRequest)(nil),    // 6: kvpipe.v1.RegisterWorkerRequest
-	(*RegisterWorkerResponse)(nil),   // 7: kvpipe.v1.RegisterWorkerResponse
-	(*UnregisterWorkerRequest)(nil),  // 8: kvpipe.v1.UnregisterWorkerRequest
-	(*UnregisterWorkerResponse)(nil), // 9: kvpipe.v1.UnregisterWorkerResponse
-	(*ListWorkersRequest)(nil),       // 10: kvpipe.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),      // 11: kvpipe.v1.ListWorkersResponse
-	(*WorkerStatus)(nil),             // 12: kvpipe.v1.WorkerStatus
-	(*WatchWorkersRequest)(nil),      // 13: kvpipe.v1.WatchWorkersRequest
-	(*WorkerEvent)(nil),              // 14: kvpipe.v1.WorkerEvent
-	(*DumpRequest)(nil),              // 15: kvpipe.v1.DumpRequest
-	(*DumpResponse)(nil),             // 16: kvpipe.v1.DumpResponse
-	(*Block)(nil),                    // 17: kvpipe.v1.Block
+	(*MatchBatchRequest)(nil),        // 2: kvpipe.v1.MatchBatchRequest
+	(*MatchBatchResponse)(nil),       // 3: kvpipe.v1.MatchBatchResponse
+	(*MatchError)(nil),               // 4: kvpipe.v1.MatchError
+	(*MultiModal)(nil),               // 5: kvpipe.v1.MultiModal
+	(*MatchResponse)(nil),            // 6: kvpipe.v1.MatchResponse
+	(*WorkerMatch)(nil),              // 7: kvpipe.v1.WorkerMatch
+	(*WorkerSpec)(nil),               // 8: kvpipe.v1.WorkerSpec
+	(*RegisterWorkerRequest)(nil),    // 9: kvpipe.v1.RegisterWorkerRequest
+	(*RegisterWorkerResponse)(nil),   // 10: kvpipe.v1.RegisterWorkerResponse
+	(*UnregisterWorkerRequest)(nil),  // 11: kvpipe.v1.UnregisterWorkerRequest
+	(*UnregisterWorkerResponse)(nil), // 12: kvpipe.v1.UnregisterWorkerResponse
+	(*ListWorkersRequest)(nil),       // 13: kvpipe.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),      // 14: kvpipe.v1.ListWorkersResponse
+	(*WorkerStatus)(nil),             // 15: kvpipe.v1.WorkerStatus
+	(*WatchWorkersRequest)(nil),      // 16: kvpipe.v1.WatchWorkersRequest
+	(*WorkerEvent)(nil),              // 17: kvpipe.v1.WorkerEvent
+	(*DumpRequest)(nil),              // 18: kvpipe.v1.DumpRequest
+	(*DumpResponse)(nil),             // 19: kvpipe.v1.DumpResponse
+	(*Block)(nil),                    // 20: kvpipe.v1.Block
 }
 var file_kvpipe_v1_index_proto_depIdxs = []int32{
-	2,  // 0: kvpipe.v1.MatchRequest.multimodal:type_name -> kvpipe.v1.MultiModal
-	4,  // 1: kvpipe.v1.MatchResponse.matches:type_name -> kvpipe.v1.WorkerMatch
-	5,  // 2: kvpipe.v1.RegisterWorkerRequest.worker:type_name -> kvpipe.v1.WorkerSpec
-	5,  // 3: kvpipe.v1.RegisterWorkerResponse.worker:type_name -> kvpipe.v1.WorkerSpec
-	12, // 4: kvpipe.v1.ListWorkersResponse.workers:type_name -> kvpipe.v1.WorkerStatus
-	5,  // 5: kvpipe.v1.WorkerStatus.spec:type_name -> kvpipe.v1.WorkerSpec
-	0,  // 6: kvpipe.v1.WorkerStatus.state:type_name -> kvpipe.v1.WorkerState
-	12, // 7: kvpipe.v1.WorkerEvent.worker:type_name -> kvpipe.v1.WorkerStatus
-	17, // 8: kvpipe.v1.DumpResponse.blocks:type_name -> kvpipe.v1.Block
-	1,  // 9: kvpipe.v1.IndexService.Match:input_type -> kvpipe.v1.MatchRequest
-	6,  // 10: kvpipe.v1.IndexService.RegisterWorker:input_type -> kvpipe.v1.RegisterWorkerRequest
-	8,  // 11: kvpipe.v1.IndexService.UnregisterWorker:input_type -> kvpipe.v1.UnregisterWorkerRequest
-	10, // 12: kvpipe.v1.IndexService.ListWorkers:input_type -> kvpipe.v1.ListWorkersRequest
-	13, // 13: kvpipe.v1.IndexService.WatchWorkers:input_type -> kvpipe.v1.WatchWorkersRequest
-	15, // 14: kvpipe.v1.IndexService.Dump:input_type -> kvpipe.v1.DumpRequest
-	3,  // 15: kvpipe.v1.IndexService.Match:output_type -> kvpipe.v1.MatchResponse
-	7,  // 16: kvpipe.v1.IndexService.RegisterWorker:output_type -> kvpipe.v1.RegisterWorkerResponse
-	9,  // 17: kvpipe.v1.IndexService.UnregisterWorker:output_type -> kvpipe.v1.UnregisterWorkerResponse
-	11, // 18: kvpipe.v1.IndexService.ListWorkers:output_type -> kvpipe.v1.ListWorkersResponse
-	14, // 19: kvpipe.v1.IndexService.WatchWorkers:output_type -> kvpipe.v1.WorkerEvent
-	16, // 20: kvpipe.v1.IndexService.Dump:output_type -> kvpipe.v1.DumpResponse
-	15, // [15:21] is the sub-list for method output_type
-	9,  // [9:15] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	5,  // 0: kvpipe.v1.MatchRequest.multimodal:type_name -> kvpipe.v1.MultiModal
+	1,  // 1: kvpipe.v1.MatchBatchRequest.requests:type_name -> kvpipe.v1.MatchRequest
+	6,  // 2: kvpipe.v1.MatchBatchResponse.responses:type_name -> kvpipe.v1.MatchResponse
+	7,  // 3: kvpipe.v1.MatchResponse.matches:type_name -> kvpipe.v1.WorkerMatch
+	4,  // 4: kvpipe.v1.MatchResponse.error:type_name -> kvpipe.v1.MatchError
+	8,  // 5: kvpipe.v1.RegisterWorkerRequest.worker:type_name -> kvpipe.v1.WorkerSpec
+	8,  // 6: kvpipe.v1.RegisterWorkerResponse.worker:type_name -> kvpipe.v1.WorkerSpec
+	15, // 7: kvpipe.v1.ListWorkersResponse.workers:type_name -> kvpipe.v1.WorkerStatus
+	8,  // 8: kvpipe.v1.WorkerStatus.spec:type_name -> kvpipe.v1.WorkerSpec
+	0,  // 9: kvpipe.v1.WorkerStatus.state:type_name -> kvpipe.v1.WorkerState
+	15, // 10: kvpipe.v1.WorkerEvent.worker:type_name -> kvpipe.v1.WorkerStatus
+	20, // 11: kvpipe.v1.DumpResponse.blocks:type_name -> kvpipe.v1.Block
+	1,  // 12: kvpipe.v1.IndexService.Match:input_type -> kvpipe.v1.MatchRequest
+	2,  // 13: kvpipe.v1.IndexService.MatchBatch:input_type -> kvpipe.v1.MatchBatchRequest
+	1,  // 14: kvpipe.v1.IndexService.MatchStream:input_type -> kvpipe.v1.MatchRequest
+	9,  // 15: kvpipe.v1.IndexService.RegisterWorker:input_type -> kvpipe.v1.RegisterWorkerRequest
+	11, // 16: kvpipe.v1.IndexService.UnregisterWorker:input_type -> kvpipe.v1.UnregisterWorkerRequest
+	13, // 17: kvpipe.v1.IndexService.ListWorkers:input_type -> kvpipe.v1.ListWorkersRequest
+	16, // 18: kvpipe.v1.IndexService.WatchWorkers:input_type -> kvpipe.v1.WatchWorkersRequest
+	18, // 19: kvpipe.v1.IndexService.Dump:input_type -> kvpipe.v1.DumpRequest
+	6,  // 20: kvpipe.v1.IndexService.Match:output_type -> kvpipe.v1.MatchResponse
+	3,  // 21: kvpipe.v1.IndexService.MatchBatch:output_type -> kvpipe.v1.MatchBatchResponse
+	6,  // 22: kvpipe.v1.IndexService.MatchStream:output_type -> kvpipe.v1.MatchResponse
+	10, // 23: kvpipe.v1.IndexService.RegisterWorker:output_type -> kvpipe.v1.RegisterWorkerResponse
+	12, // 24: kvpipe.v1.IndexService.UnregisterWorker:output_type -> kvpipe.v1.UnregisterWorkerResponse
+	14, // 25: kvpipe.v1.IndexService.ListWorkers:output_type -> kvpipe.v1.ListWorkersResponse
+	17, // 26: kvpipe.v1.IndexService.WatchWorkers:output_type -> kvpipe.v1.WorkerEvent
+	19, // 27: kvpipe.v1.IndexService.Dump:output_type -> kvpipe.v1.DumpResponse
+	20, // [20:28] is the sub-list for method output_type
+	12, // [12:20] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_kvpipe_v1_index_proto_init() }
@@ -1344,7 +1556,7 @@ func file_kvpipe_v1_index_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvpipe_v1_index_proto_rawDesc), len(file_kvpipe_v1_index_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   17,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

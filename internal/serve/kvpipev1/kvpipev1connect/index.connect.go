@@ -39,6 +39,11 @@ const (
 const (
 	// IndexServiceMatchProcedure is the fully-qualified name of the IndexService's Match RPC.
 	IndexServiceMatchProcedure = "/kvpipe.v1.IndexService/Match"
+	// IndexServiceMatchBatchProcedure is the fully-qualified name of the IndexService's MatchBatch RPC.
+	IndexServiceMatchBatchProcedure = "/kvpipe.v1.IndexService/MatchBatch"
+	// IndexServiceMatchStreamProcedure is the fully-qualified name of the IndexService's MatchStream
+	// RPC.
+	IndexServiceMatchStreamProcedure = "/kvpipe.v1.IndexService/MatchStream"
 	// IndexServiceRegisterWorkerProcedure is the fully-qualified name of the IndexService's
 	// RegisterWorker RPC.
 	IndexServiceRegisterWorkerProcedure = "/kvpipe.v1.IndexService/RegisterWorker"
@@ -60,6 +65,16 @@ type IndexServiceClient interface {
 	// Match answers, for every worker holding the request's first block, how
 	// many of its leading blocks it holds, per tier, and their weighted score.
 	Match(context.Context, *connect.Request[kvpipev1.MatchRequest]) (*connect.Response[kvpipev1.MatchResponse], error)
+	// MatchBatch answers many requests in one call, in their order: the
+	// transport's cost (HTTP/2 frames, headers, syscalls) is paid once for
+	// all of them. A refused request gets its error in its place; the others
+	// are answered.
+	MatchBatch(context.Context, *connect.Request[kvpipev1.MatchBatchRequest]) (*connect.Response[kvpipev1.MatchBatchResponse], error)
+	// MatchStream answers each request sent on one long-lived stream, in
+	// order, as it comes: a router keeps it open and pays no per-call
+	// headers. A refused request gets its error in its place; the stream
+	// goes on.
+	MatchStream(context.Context) *connect.BidiStreamForClient[kvpipev1.MatchRequest, kvpipev1.MatchResponse]
 	// RegisterWorker subscribes to one more engine; its endpoints' hosts must
 	// be on the server's allow-list.
 	RegisterWorker(context.Context, *connect.Request[kvpipev1.RegisterWorkerRequest]) (*connect.Response[kvpipev1.RegisterWorkerResponse], error)
@@ -89,6 +104,18 @@ func NewIndexServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			httpClient,
 			baseURL+IndexServiceMatchProcedure,
 			connect.WithSchema(indexServiceMethods.ByName("Match")),
+			connect.WithClientOptions(opts...),
+		),
+		matchBatch: connect.NewClient[kvpipev1.MatchBatchRequest, kvpipev1.MatchBatchResponse](
+			httpClient,
+			baseURL+IndexServiceMatchBatchProcedure,
+			connect.WithSchema(indexServiceMethods.ByName("MatchBatch")),
+			connect.WithClientOptions(opts...),
+		),
+		matchStream: connect.NewClient[kvpipev1.MatchRequest, kvpipev1.MatchResponse](
+			httpClient,
+			baseURL+IndexServiceMatchStreamProcedure,
+			connect.WithSchema(indexServiceMethods.ByName("MatchStream")),
 			connect.WithClientOptions(opts...),
 		),
 		registerWorker: connect.NewClient[kvpipev1.RegisterWorkerRequest, kvpipev1.RegisterWorkerResponse](
@@ -127,6 +154,8 @@ func NewIndexServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 // indexServiceClient implements IndexServiceClient.
 type indexServiceClient struct {
 	match            *connect.Client[kvpipev1.MatchRequest, kvpipev1.MatchResponse]
+	matchBatch       *connect.Client[kvpipev1.MatchBatchRequest, kvpipev1.MatchBatchResponse]
+	matchStream      *connect.Client[kvpipev1.MatchRequest, kvpipev1.MatchResponse]
 	registerWorker   *connect.Client[kvpipev1.RegisterWorkerRequest, kvpipev1.RegisterWorkerResponse]
 	unregisterWorker *connect.Client[kvpipev1.UnregisterWorkerRequest, kvpipev1.UnregisterWorkerResponse]
 	listWorkers      *connect.Client[kvpipev1.ListWorkersRequest, kvpipev1.ListWorkersResponse]
@@ -137,6 +166,16 @@ type indexServiceClient struct {
 // Match calls kvpipe.v1.IndexService.Match.
 func (c *indexServiceClient) Match(ctx context.Context, req *connect.Request[kvpipev1.MatchRequest]) (*connect.Response[kvpipev1.MatchResponse], error) {
 	return c.match.CallUnary(ctx, req)
+}
+
+// MatchBatch calls kvpipe.v1.IndexService.MatchBatch.
+func (c *indexServiceClient) MatchBatch(ctx context.Context, req *connect.Request[kvpipev1.MatchBatchRequest]) (*connect.Response[kvpipev1.MatchBatchResponse], error) {
+	return c.matchBatch.CallUnary(ctx, req)
+}
+
+// MatchStream calls kvpipe.v1.IndexService.MatchStream.
+func (c *indexServiceClient) MatchStream(ctx context.Context) *connect.BidiStreamForClient[kvpipev1.MatchRequest, kvpipev1.MatchResponse] {
+	return c.matchStream.CallBidiStream(ctx)
 }
 
 // RegisterWorker calls kvpipe.v1.IndexService.RegisterWorker.
@@ -169,6 +208,16 @@ type IndexServiceHandler interface {
 	// Match answers, for every worker holding the request's first block, how
 	// many of its leading blocks it holds, per tier, and their weighted score.
 	Match(context.Context, *connect.Request[kvpipev1.MatchRequest]) (*connect.Response[kvpipev1.MatchResponse], error)
+	// MatchBatch answers many requests in one call, in their order: the
+	// transport's cost (HTTP/2 frames, headers, syscalls) is paid once for
+	// all of them. A refused request gets its error in its place; the others
+	// are answered.
+	MatchBatch(context.Context, *connect.Request[kvpipev1.MatchBatchRequest]) (*connect.Response[kvpipev1.MatchBatchResponse], error)
+	// MatchStream answers each request sent on one long-lived stream, in
+	// order, as it comes: a router keeps it open and pays no per-call
+	// headers. A refused request gets its error in its place; the stream
+	// goes on.
+	MatchStream(context.Context, *connect.BidiStream[kvpipev1.MatchRequest, kvpipev1.MatchResponse]) error
 	// RegisterWorker subscribes to one more engine; its endpoints' hosts must
 	// be on the server's allow-list.
 	RegisterWorker(context.Context, *connect.Request[kvpipev1.RegisterWorkerRequest]) (*connect.Response[kvpipev1.RegisterWorkerResponse], error)
@@ -194,6 +243,18 @@ func NewIndexServiceHandler(svc IndexServiceHandler, opts ...connect.HandlerOpti
 		IndexServiceMatchProcedure,
 		svc.Match,
 		connect.WithSchema(indexServiceMethods.ByName("Match")),
+		connect.WithHandlerOptions(opts...),
+	)
+	indexServiceMatchBatchHandler := connect.NewUnaryHandler(
+		IndexServiceMatchBatchProcedure,
+		svc.MatchBatch,
+		connect.WithSchema(indexServiceMethods.ByName("MatchBatch")),
+		connect.WithHandlerOptions(opts...),
+	)
+	indexServiceMatchStreamHandler := connect.NewBidiStreamHandler(
+		IndexServiceMatchStreamProcedure,
+		svc.MatchStream,
+		connect.WithSchema(indexServiceMethods.ByName("MatchStream")),
 		connect.WithHandlerOptions(opts...),
 	)
 	indexServiceRegisterWorkerHandler := connect.NewUnaryHandler(
@@ -230,6 +291,10 @@ func NewIndexServiceHandler(svc IndexServiceHandler, opts ...connect.HandlerOpti
 		switch r.URL.Path {
 		case IndexServiceMatchProcedure:
 			indexServiceMatchHandler.ServeHTTP(w, r)
+		case IndexServiceMatchBatchProcedure:
+			indexServiceMatchBatchHandler.ServeHTTP(w, r)
+		case IndexServiceMatchStreamProcedure:
+			indexServiceMatchStreamHandler.ServeHTTP(w, r)
 		case IndexServiceRegisterWorkerProcedure:
 			indexServiceRegisterWorkerHandler.ServeHTTP(w, r)
 		case IndexServiceUnregisterWorkerProcedure:
@@ -251,6 +316,14 @@ type UnimplementedIndexServiceHandler struct{}
 
 func (UnimplementedIndexServiceHandler) Match(context.Context, *connect.Request[kvpipev1.MatchRequest]) (*connect.Response[kvpipev1.MatchResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("kvpipe.v1.IndexService.Match is not implemented"))
+}
+
+func (UnimplementedIndexServiceHandler) MatchBatch(context.Context, *connect.Request[kvpipev1.MatchBatchRequest]) (*connect.Response[kvpipev1.MatchBatchResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("kvpipe.v1.IndexService.MatchBatch is not implemented"))
+}
+
+func (UnimplementedIndexServiceHandler) MatchStream(context.Context, *connect.BidiStream[kvpipev1.MatchRequest, kvpipev1.MatchResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("kvpipe.v1.IndexService.MatchStream is not implemented"))
 }
 
 func (UnimplementedIndexServiceHandler) RegisterWorker(context.Context, *connect.Request[kvpipev1.RegisterWorkerRequest]) (*connect.Response[kvpipev1.RegisterWorkerResponse], error) {

@@ -1,4 +1,4 @@
-package relay
+package relaypub
 
 import (
 	"context"
@@ -11,7 +11,9 @@ import (
 	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/natstest"
+	"github.com/kvpipe/kvpipe/internal/opstream"
 	"github.com/kvpipe/kvpipe/metrics"
+	"github.com/kvpipe/kvpipe/relay"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -119,7 +121,7 @@ func natsRestartMidStream(t *testing.T, srv *natstest.Server, js jetstream.JetSt
 }
 
 // takeSnapshot copies the bytes and metadata of the bucket's snapshot.
-func takeSnapshot(t *testing.T, js jetstream.JetStream, s Settings) ([]byte, SnapshotMeta) {
+func takeSnapshot(t *testing.T, js jetstream.JetStream, s relay.Settings) ([]byte, opstream.SnapshotMeta) {
 	t.Helper()
 	data, meta, err := loadSnapshot(js, s)
 	if err != nil {
@@ -128,18 +130,18 @@ func takeSnapshot(t *testing.T, js jetstream.JetStream, s Settings) ([]byte, Sna
 	return data, meta
 }
 
-func loadSnapshot(js jetstream.JetStream, s Settings) ([]byte, SnapshotMeta, error) {
+func loadSnapshot(js jetstream.JetStream, s relay.Settings) ([]byte, opstream.SnapshotMeta, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	obs, err := js.ObjectStore(ctx, s.Bucket)
 	if err != nil {
-		return nil, SnapshotMeta{}, err
+		return nil, opstream.SnapshotMeta{}, err
 	}
-	return NewObjectStore(obs, s.Object).LoadMeta(ctx, nil)
+	return opstream.LoadSnapshot(ctx, obs, s.Object, nil)
 }
 
 // putSnapshot puts data and meta back as the bucket's snapshot.
-func putSnapshot(t *testing.T, js jetstream.JetStream, s Settings, data []byte, meta SnapshotMeta) {
+func putSnapshot(t *testing.T, js jetstream.JetStream, s relay.Settings, data []byte, meta opstream.SnapshotMeta) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -147,7 +149,7 @@ func putSnapshot(t *testing.T, js jetstream.JetStream, s Settings, data []byte, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := NewObjectStore(obs, s.Object).SaveMeta(ctx, data, meta); err != nil {
+	if err := opstream.SaveSnapshot(ctx, obs, s.Object, data, meta); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -254,7 +256,7 @@ func TestSecondRelay(t *testing.T) {
 	}
 }
 
-func forEachMessage(t *testing.T, js jetstream.JetStream, s Settings, f func(*jetstream.RawStreamMsg)) {
+func forEachMessage(t *testing.T, js jetstream.JetStream, s relay.Settings, f func(*jetstream.RawStreamMsg)) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -331,7 +333,7 @@ func TestSnapshotPastTheStreamsLast(t *testing.T) {
 	if err := js.DeleteStream(ctx, s.Stream); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := Ensure(ctx, js, s); err != nil {
+	if _, _, err := opstream.Ensure(ctx, js, opstream.Settings(s)); err != nil {
 		t.Fatal(err)
 	}
 	r := startRouter(t, js, s)
@@ -557,7 +559,7 @@ func TestBadMessageClearsItsWorker(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	for _, garbage := range []string{"\x07nonsense", "\x01\x00\x09"} {
-		if _, err := js.Publish(ctx, s.Subject("a"), []byte(garbage)); err != nil {
+		if _, err := js.Publish(ctx, opstream.Settings(s).Subject("a"), []byte(garbage)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -749,10 +751,10 @@ func TestWorkerAddedAgainBeforeItsRemovalIsStored(t *testing.T) {
 	// a's subject: its first run, one removal, then its second run.
 	var kinds []string
 	forEachMessage(t, js, s, func(m *jetstream.RawStreamMsg) {
-		if m.Subject != s.Subject(a.name) {
+		if m.Subject != opstream.Settings(s).Subject(a.name) {
 			return
 		}
-		ops, _, err := decodeMessage(m.Data, nil)
+		ops, _, err := opstream.DecodeMessage(m.Data, nil)
 		if err != nil {
 			t.Fatalf("message %d: %v", m.Sequence, err)
 		}

@@ -1,15 +1,18 @@
-package relay
+package relaypub
 
 import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/relay"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 func benchOps(n int) []index.Op {
@@ -18,28 +21,6 @@ func benchOps(n int) []index.Op {
 		ops[i] = index.Op{Kind: index.OpKind(i % 2), Tier: index.Tier(i % int(index.NumTiers)), Hash: uint64(i) * 0x9e3779b97f4a7c15}
 	}
 	return ops
-}
-
-func BenchmarkAppendMessage(b *testing.B) {
-	ops := benchOps(256)
-	buf, _ := appendMessage(nil, false, ops)
-	b.ReportAllocs()
-	b.SetBytes(int64(len(buf)))
-	for b.Loop() {
-		buf, _ = appendMessage(buf[:0], false, ops)
-	}
-	b.ReportMetric(float64(b.N)*256/b.Elapsed().Seconds(), "ops/s")
-}
-
-func BenchmarkDecodeMessage(b *testing.B) {
-	buf, _ := appendMessage(nil, false, benchOps(256))
-	dst, _, _ := decodeMessage(buf, nil)
-	b.ReportAllocs()
-	b.SetBytes(int64(len(buf)))
-	for b.Loop() {
-		dst, _, _ = decodeMessage(buf, dst)
-	}
-	b.ReportMetric(float64(b.N)*256/b.Elapsed().Seconds(), "ops/s")
 }
 
 // BenchmarkPublish publishes batches of 32 ops through the relay's Publish
@@ -77,19 +58,18 @@ func benchPublish(b *testing.B, window, workers int) {
 	var mu sync.Mutex
 	// The n-th message a worker publishes is its n-th in the stream.
 	sent, applied := make([][]time.Time, workers), make([][]time.Time, workers)
-	f, err := NewFollower(js, FollowerConfig{Settings: s})
-	if err != nil {
-		b.Fatal(err)
-	}
 	total := 0
-	f.applied = func(_ uint64, worker string) {
+	f, err := relay.NewFollower(appliedJS{js, func(subject string) {
 		now := time.Now()
 		var w int
-		fmt.Sscanf(worker, "w%d", &w)
+		fmt.Sscanf(strings.TrimPrefix(subject, s.Prefix+"."), "w%d", &w)
 		mu.Lock()
 		applied[w] = append(applied[w], now)
 		total++
 		mu.Unlock()
+	}}, relay.FollowerConfig{Settings: s})
+	if err != nil {
+		b.Fatal(err)
 	}
 	p, err := kvpipe.New(kvpipe.Config{BlockSize: bs, Source: f})
 	if err != nil {
@@ -147,4 +127,43 @@ func benchPublish(b *testing.B, window, workers int) {
 	slices.Sort(lags)
 	b.ReportMetric(float64(lags[len(lags)/2].Microseconds()), "p50-lag-µs")
 	b.ReportMetric(float64(lags[len(lags)*99/100].Microseconds()), "p99-lag-µs")
+}
+
+// appliedJS is a follower's JetStream whose ordered consumers tell applied
+// the subject of each message the follower has handled: the follower asks
+// for its next message only once it has handed the last one to its
+// pipeline.
+type appliedJS struct {
+	jetstream.JetStream
+	applied func(subject string)
+}
+
+func (js appliedJS) OrderedConsumer(ctx context.Context, stream string, cfg jetstream.OrderedConsumerConfig) (jetstream.Consumer, error) {
+	c, err := js.JetStream.OrderedConsumer(ctx, stream, cfg)
+	return appliedConsumer{c, js.applied}, err
+}
+
+type appliedConsumer struct {
+	jetstream.Consumer
+	applied func(subject string)
+}
+
+func (c appliedConsumer) Messages(opts ...jetstream.PullMessagesOpt) (jetstream.MessagesContext, error) {
+	it, err := c.Consumer.Messages(opts...)
+	return &appliedMessages{MessagesContext: it, applied: c.applied}, err
+}
+
+type appliedMessages struct {
+	jetstream.MessagesContext
+	applied func(subject string)
+	last    jetstream.Msg // returned by the last Next
+}
+
+func (m *appliedMessages) Next(opts ...jetstream.NextOpt) (jetstream.Msg, error) {
+	if m.last != nil {
+		m.applied(m.last.Subject())
+	}
+	var err error
+	m.last, err = m.MessagesContext.Next(opts...)
+	return m.last, err
 }

@@ -1,8 +1,9 @@
-package codec
+package engineenc
 
 import (
 	"encoding/binary"
 
+	"github.com/kvpipe/kvpipe/codec"
 	"github.com/tinylib/msgp/msgp"
 )
 
@@ -35,7 +36,7 @@ type Layout struct {
 var CurrentVLLM = Layout{}
 
 // AppendBatch appends the msgpack encoding of b to dst.
-func AppendBatch(dst []byte, b *Batch, l Layout) []byte {
+func AppendBatch(dst []byte, b *codec.Batch, l Layout) []byte {
 	switch {
 	case l.MapBatch:
 		n := uint32(2)
@@ -55,66 +56,71 @@ func AppendBatch(dst []byte, b *Batch, l Layout) []byte {
 	}
 	dst = msgp.AppendArrayHeader(dst, uint32(len(b.Events)))
 	for i := range b.Events {
-		if l.ArrayEvents {
-			dst = appendArrayEvent(dst, &b.Events[i], l)
-		} else {
-			dst = appendMapEvent(dst, &b.Events[i], l)
-		}
+		dst = AppendEvent(dst, &b.Events[i], l)
 	}
 	switch {
 	case l.MapBatch && b.HasDPRank:
 		dst = msgp.AppendString(dst, "data_parallel_rank")
-		dst = appendInt(dst, b.DPRank)
+		dst = AppendInt(dst, b.DPRank)
 	case l.MapBatch || l.NoDPRank:
 	case b.HasDPRank:
-		dst = appendInt(dst, b.DPRank)
+		dst = AppendInt(dst, b.DPRank)
 	default:
 		dst = msgp.AppendNil(dst)
 	}
 	return dst
 }
 
-func appendMapEvent(dst []byte, e *Event, l Layout) []byte {
+// AppendEvent appends one event as l writes it: a positional array or a
+// map. Tests build batches around it that AppendBatch would not write.
+func AppendEvent(dst []byte, e *codec.Event, l Layout) []byte {
+	if l.ArrayEvents {
+		return appendArrayEvent(dst, e, l)
+	}
+	return appendMapEvent(dst, e, l)
+}
+
+func appendMapEvent(dst []byte, e *codec.Event, l Layout) []byte {
 	switch e.Type {
-	case BlockStored:
+	case codec.BlockStored:
 		return appendMapStored(dst, e, l)
-	case BlockRemoved:
+	case codec.BlockRemoved:
 		// vLLM's map form has no spec kind or window on BlockRemoved; they
 		// are written when set all the same, so that this form carries
 		// every field the decoder keeps.
 		dst = msgp.AppendMapHeader(dst, 3+count(e.HasGroupIdx)+count(e.SpecKind != "")+count(e.HasSlidingWindow))
-		dst = appendKey(dst, "type", "BlockRemoved")
+		dst = AppendKey(dst, "type", "BlockRemoved")
 		dst = msgp.AppendString(dst, "block_hashes")
-		dst = appendHashes(dst, e.BlockHashes, l)
+		dst = AppendHashes(dst, e.BlockHashes, l)
 		dst = msgp.AppendString(dst, "medium")
 		dst = appendOptString(dst, e.Medium)
 		return appendMapGroup(dst, e)
 	}
 	if e.Medium == "" {
-		return appendKey(msgp.AppendMapHeader(dst, 1), "type", "AllBlocksCleared")
+		return AppendKey(msgp.AppendMapHeader(dst, 1), "type", "AllBlocksCleared")
 	}
-	dst = appendKey(msgp.AppendMapHeader(dst, 2), "type", "AllBlocksCleared")
-	return appendKey(dst, "medium", e.Medium)
+	dst = AppendKey(msgp.AppendMapHeader(dst, 2), "type", "AllBlocksCleared")
+	return AppendKey(dst, "medium", e.Medium)
 }
 
 // appendMapStored writes a BlockStored map: fields without a default always,
 // defaulted ones only when set.
-func appendMapStored(dst []byte, e *Event, l Layout) []byte {
+func appendMapStored(dst []byte, e *codec.Event, l Layout) []byte {
 	n := uint32(7)
 	withLoraName := !l.SaltKey || e.LoraName != ""
 	withSalt := l.SaltKey && e.CacheSalt != ""
 	n += count(withLoraName) + count(withSalt)
 	n += count(e.ExtraKeys != nil) + count(e.HasGroupIdx) + count(e.SpecKind != "") + count(e.HasSlidingWindow)
 	dst = msgp.AppendMapHeader(dst, n)
-	dst = appendKey(dst, "type", "BlockStored")
+	dst = AppendKey(dst, "type", "BlockStored")
 	dst = msgp.AppendString(dst, "block_hashes")
-	dst = appendHashes(dst, e.BlockHashes, l)
+	dst = AppendHashes(dst, e.BlockHashes, l)
 	dst = msgp.AppendString(dst, "parent_block_hash")
 	dst = appendOptHash(dst, e.ParentHash, e.HasParent, l)
 	dst = msgp.AppendString(dst, "token_ids")
-	dst = appendTokens(dst, e.TokenIDs, e.Bigram)
+	dst = AppendTokens(dst, e.TokenIDs, e.Bigram)
 	dst = msgp.AppendString(dst, "block_size")
-	dst = appendInt(dst, int64(e.BlockSize))
+	dst = AppendInt(dst, int64(e.BlockSize))
 	dst = msgp.AppendString(dst, "lora_id")
 	dst = appendOptInt(dst, e.LoraID, e.HasLoraID)
 	dst = msgp.AppendString(dst, "medium")
@@ -124,7 +130,7 @@ func appendMapStored(dst []byte, e *Event, l Layout) []byte {
 		dst = appendOptString(dst, e.LoraName)
 	}
 	if withSalt {
-		dst = appendKey(dst, "cache_salt", e.CacheSalt)
+		dst = AppendKey(dst, "cache_salt", e.CacheSalt)
 	}
 	if e.ExtraKeys != nil {
 		dst = msgp.AppendString(dst, "extra_keys")
@@ -134,32 +140,32 @@ func appendMapStored(dst []byte, e *Event, l Layout) []byte {
 }
 
 // appendMapGroup writes the group fields of a map event that are set.
-func appendMapGroup(dst []byte, e *Event) []byte {
+func appendMapGroup(dst []byte, e *codec.Event) []byte {
 	if e.HasGroupIdx {
 		dst = msgp.AppendString(dst, "group_idx")
-		dst = appendInt(dst, int64(e.GroupIdx))
+		dst = AppendInt(dst, int64(e.GroupIdx))
 	}
 	if e.SpecKind != "" {
-		dst = appendKey(dst, "kv_cache_spec_kind", e.SpecKind)
+		dst = AppendKey(dst, "kv_cache_spec_kind", e.SpecKind)
 	}
 	if e.HasSlidingWindow {
 		dst = msgp.AppendString(dst, "kv_cache_spec_sliding_window")
-		dst = appendInt(dst, int64(e.SlidingWindow))
+		dst = AppendInt(dst, int64(e.SlidingWindow))
 	}
 	return dst
 }
 
 // appendArrayEvent writes e as a positional array. Positions come only from
-// the decoder's slot tables, values from the switch on field id below (the
-// encoding side of decodeField; unset fields are nil): a table out of order
-// cannot be cancelled out by a second mistake here, and slots_test.go checks
-// the tables' order against docs/FORMAT.md §8.2. The switch stays in the
-// loop: a function per field cost a call per slot.
-func appendArrayEvent(dst []byte, e *Event, l Layout) []byte {
+// the slot tables (slots.go), values from the switch on field id below
+// (unset fields are nil): a table out of order cannot be cancelled out by a
+// second mistake here, and slots_test.go checks the tables' order against
+// docs/FORMAT.md §8.2. The switch stays in the loop: a function per field
+// cost a call per slot.
+func appendArrayEvent(dst []byte, e *codec.Event, l Layout) []byte {
 	t := e.Type
 	slots := slotsOf(t)
 	if slots == nil { // EventUnknown has no encoding; appendMapEvent does the same
-		t = AllBlocksCleared
+		t = codec.AllBlocksCleared
 		slots = slotsOf(t)
 	}
 	slots = slots[:arrayLen(t, slots, e, l)]
@@ -169,20 +175,20 @@ func appendArrayEvent(dst []byte, e *Event, l Layout) []byte {
 		case fieldType:
 			dst = msgp.AppendString(dst, t.String())
 		case fieldBlockHashes:
-			dst = appendHashes(dst, e.BlockHashes, l)
+			dst = AppendHashes(dst, e.BlockHashes, l)
 		case fieldParent:
 			dst = appendOptHash(dst, e.ParentHash, e.HasParent, l)
 		case fieldTokenIDs:
-			dst = appendTokens(dst, e.TokenIDs, e.Bigram)
+			dst = AppendTokens(dst, e.TokenIDs, e.Bigram)
 		case fieldBlockSize:
-			dst = appendInt(dst, int64(e.BlockSize))
+			dst = AppendInt(dst, int64(e.BlockSize))
 		case fieldLoraID:
 			dst = appendOptInt(dst, e.LoraID, e.HasLoraID)
 		case fieldMedium:
 			dst = appendOptString(dst, e.Medium)
 		case fieldLoraName:
 			if e.LoraName == "" && l.SaltKey && e.CacheSalt != "" {
-				dst = appendKey(msgp.AppendMapHeader(dst, 1), "cache_salt", e.CacheSalt)
+				dst = AppendKey(msgp.AppendMapHeader(dst, 1), "cache_salt", e.CacheSalt)
 			} else {
 				dst = appendOptString(dst, e.LoraName)
 			}
@@ -207,18 +213,18 @@ func appendArrayEvent(dst []byte, e *Event, l Layout) []byte {
 
 // shortSlots is the length, tag included, older engines sent BlockRemoved
 // (through medium) and AllBlocksCleared (the tag alone) with.
-var shortSlots = [...]int{BlockRemoved: 3, AllBlocksCleared: 1}
+var shortSlots = [...]int{codec.BlockRemoved: 3, codec.AllBlocksCleared: 1}
 
 // arrayLen is how many of t's slots e's array holds. BlockStored takes the
 // layout's length; the other tags the short form, or the whole table as soon
 // as a field past it is set, so that no set field is ever dropped.
-func arrayLen(t EventType, slots []field, e *Event, l Layout) int {
-	if t == BlockStored {
+func arrayLen(t codec.EventType, slots []field, e *codec.Event, l Layout) int {
+	if t == codec.BlockStored {
 		n := l.StoredSlots
 		if n == 0 || n > len(slots) {
 			n = len(slots)
 		}
-		return max(n, int(minSlots[t]))
+		return max(n, minStoredSlots)
 	}
 	for _, f := range slots[shortSlots[t]:] {
 		if isSet(f, e, l) {
@@ -230,7 +236,7 @@ func arrayLen(t EventType, slots []field, e *Event, l Layout) int {
 
 // isSet reports whether e holds a value for f other than nil. A field with
 // no nil form (hashes, tokens, block size) is always set.
-func isSet(f field, e *Event, l Layout) bool {
+func isSet(f field, e *codec.Event, l Layout) bool {
 	switch f {
 	case fieldParent:
 		return e.HasParent
@@ -259,7 +265,8 @@ func count(b bool) uint32 {
 	return 0
 }
 
-func appendKey(dst []byte, key, value string) []byte {
+// AppendKey writes a map entry of string key and string value.
+func AppendKey(dst []byte, key, value string) []byte {
 	return msgp.AppendString(msgp.AppendString(dst, key), value)
 }
 
@@ -279,7 +286,8 @@ func appendHash(dst []byte, h uint64, l Layout) []byte {
 	return msgp.AppendBytes(dst, digest[:])
 }
 
-func appendHashes(dst []byte, hashes []uint64, l Layout) []byte {
+// AppendHashes writes an array of block hashes in l's form.
+func AppendHashes(dst []byte, hashes []uint64, l Layout) []byte {
 	dst = msgp.AppendArrayHeader(dst, uint32(len(hashes)))
 	for _, h := range hashes {
 		dst = appendHash(dst, h, l)
@@ -294,9 +302,9 @@ func appendOptHash(dst []byte, h uint64, ok bool, l Layout) []byte {
 	return appendHash(dst, h, l)
 }
 
-// appendTokens writes tokens, as bigrams [[t0,t1],[t1,t2],...] when bigram
+// AppendTokens writes tokens, as bigrams [[t0,t1],[t1,t2],...] when bigram
 // is set (SGLang with EAGLE) and there are two or more.
-func appendTokens(dst []byte, tokens []uint32, bigram bool) []byte {
+func AppendTokens(dst []byte, tokens []uint32, bigram bool) []byte {
 	if bigram && len(tokens) > 1 {
 		dst = msgp.AppendArrayHeader(dst, uint32(len(tokens)-1))
 		for i := 1; i < len(tokens); i++ {
@@ -316,12 +324,12 @@ func appendOptInt(dst []byte, v int64, ok bool) []byte {
 	if !ok {
 		return msgp.AppendNil(dst)
 	}
-	return appendInt(dst, v)
+	return AppendInt(dst, v)
 }
 
-// appendInt writes v in the shortest form, unsigned when v >= 0, as msgspec
+// AppendInt writes v in the shortest form, unsigned when v >= 0, as msgspec
 // (every engine) does; msgp.AppendInt64 would write 128 as an int16.
-func appendInt(dst []byte, v int64) []byte {
+func AppendInt(dst []byte, v int64) []byte {
 	if v >= 0 {
 		return msgp.AppendUint64(dst, uint64(v))
 	}

@@ -1,4 +1,4 @@
-package relay
+package relaypub
 
 import (
 	"context"
@@ -12,10 +12,12 @@ import (
 	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"github.com/kvpipe/kvpipe/internal/natstest"
 	"github.com/kvpipe/kvpipe/internal/sim"
 	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/kvpipe/kvpipe/internal/ztest"
+	"github.com/kvpipe/kvpipe/relay"
 	"github.com/kvpipe/kvpipe/wire"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -85,7 +87,7 @@ func (e *engine) serve(reqs []sim.Request) int {
 			e.queries = append(e.queries, query{r, h.Prompt(nil, tokens, bs)})
 		}
 		if len(evs) > 0 {
-			e.pub.Publish(codec.AppendBatch(nil, &codec.Batch{Events: evs}, codec.CurrentVLLM))
+			e.pub.Publish(engineenc.AppendBatch(nil, &codec.Batch{Events: evs}, engineenc.CurrentVLLM))
 			n++
 		}
 	}
@@ -109,11 +111,11 @@ func startServer(t testing.TB) (*natstest.Server, jetstream.JetStream) {
 }
 
 // testSettings are small enough for tests to trim.
-func testSettings() Settings {
-	return Settings{Prefix: "test.ops", Stream: "TEST_OPS", Bucket: "test-snapshots", Object: "snap"}
+func testSettings() relay.Settings {
+	return relay.Settings{Prefix: "test.ops", Stream: "TEST_OPS", Bucket: "test-snapshots", Object: "snap"}
 }
 
-func relayConfig(s Settings) Config {
+func relayConfig(s relay.Settings) Config {
 	return Config{
 		Settings: s,
 		Pipeline: kvpipe.Config{BlockSize: bs, Logger: testLogger(),
@@ -187,12 +189,12 @@ func (rr *running) snapshotNow(t testing.TB) {
 // router is a router's Pipeline fed by a Follower.
 type router struct {
 	p *kvpipe.Pipeline
-	f *Follower
+	f *relay.Follower
 }
 
-func startRouter(t testing.TB, js jetstream.JetStream, s Settings) *router {
+func startRouter(t testing.TB, js jetstream.JetStream, s relay.Settings) *router {
 	t.Helper()
-	f, err := NewFollower(js, FollowerConfig{Settings: s, Logger: testLogger()})
+	f, err := relay.NewFollower(js, relay.FollowerConfig{Settings: s, Logger: testLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,7 +301,7 @@ func sameBlocks(relay *kvpipe.Pipeline, routers ...*router) error {
 }
 
 // streamState is the stream's first and last sequence and message count.
-func streamState(t testing.TB, js jetstream.JetStream, s Settings) jetstream.StreamState {
+func streamState(t testing.TB, js jetstream.JetStream, s relay.Settings) jetstream.StreamState {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -315,7 +317,7 @@ func streamState(t testing.TB, js jetstream.JetStream, s Settings) jetstream.Str
 }
 
 // caughtUp waits until the router has handled every message in the stream.
-func caughtUp(t testing.TB, js jetstream.JetStream, s Settings, rs ...*router) {
+func caughtUp(t testing.TB, js jetstream.JetStream, s relay.Settings, rs ...*router) {
 	t.Helper()
 	last := streamState(t, js, s).LastSeq
 	eventually(t, "routers caught up", func() error {
@@ -386,7 +388,7 @@ func relayed(t testing.TB, rr *running, engines ...*engine) {
 
 // appendEvents is the payload of one batch of evs.
 func appendEvents(evs ...codec.Event) []byte {
-	return codec.AppendBatch(nil, &codec.Batch{Events: evs}, codec.CurrentVLLM)
+	return engineenc.AppendBatch(nil, &codec.Batch{Events: evs}, engineenc.CurrentVLLM)
 }
 
 // restart replaces the engine with a new incarnation on the same

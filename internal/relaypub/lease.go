@@ -1,4 +1,4 @@
-package relay
+package relaypub
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvpipe/kvpipe/internal/opstream"
 	"github.com/kvpipe/kvpipe/internal/pace"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -133,8 +134,8 @@ func NewLease(js jetstream.JetStream, cfg LeaseConfig) (*Lease, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	switch {
-	case !bucketRe.MatchString(cfg.Bucket):
-		return nil, fmt.Errorf("relay: lease bucket name %q must match %s", cfg.Bucket, bucketRe)
+	case !opstream.BucketName.MatchString(cfg.Bucket):
+		return nil, fmt.Errorf("relay: lease bucket name %q must match %s", cfg.Bucket, opstream.BucketName)
 	case !leaseKeyRe.MatchString(cfg.Key):
 		return nil, fmt.Errorf("relay: lease key %q must match %s", cfg.Key, leaseKeyRe)
 	case cfg.TTL < minLeaseTTL:

@@ -1,4 +1,4 @@
-package relay
+package relaypub
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/opstream"
 	"github.com/kvpipe/kvpipe/internal/pace"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -99,14 +100,14 @@ func (ru *run) state(ctx context.Context, worker string) (*pubState, bool) {
 		ru.mu.Lock()
 		ps := ru.pubs[worker]
 		if ps == nil {
-			tok := token(worker)
+			tok := opstream.Token(worker)
 			lin, again := ru.gone[worker]
 			if !again {
 				lin = freshLineage(tok)
 			}
 			delete(ru.gone, worker)
 			n := ru.r.window
-			ps = &pubState{token: tok, subject: ru.r.cfg.Settings.Prefix + "." + tok, lineage: lin, fresh: true,
+			ps = &pubState{token: tok, subject: ru.r.set.Prefix + "." + tok, lineage: lin, fresh: true,
 				queue: make(chan entry, n), slots: make(chan struct{}, n), leaving: make(chan entry, 1),
 				free: make(chan []byte, n), exit: make(chan struct{})}
 			ru.pubs[worker] = ps
@@ -154,7 +155,7 @@ func (ru *run) Ops(ctx context.Context, worker string, ops []index.Op, o kvpipe.
 	case msg = <-ps.free:
 	default:
 	}
-	msg, err := appendMessage(msg[:0], o.Partial, ops)
+	msg, err := opstream.AppendMessage(msg[:0], o.Partial, ops)
 	if err != nil {
 		r.stats.encodeErrors.Add(1)
 		r.log.Error("kvpipe/relay: batch not published", "worker", worker, "err", err)

@@ -1,4 +1,4 @@
-package codec
+package engineenc
 
 import "github.com/tinylib/msgp/msgp"
 
@@ -78,7 +78,7 @@ func appendTupleKey(dst []byte, k *ExtraKey, f ExtraForm) []byte {
 		if f == ExtraBareIDs {
 			return msgp.AppendString(dst, k.Hash)
 		}
-		return appendInt(msgp.AppendString(msgp.AppendArrayHeader(dst, 2), k.Hash), k.Offset)
+		return AppendInt(msgp.AppendString(msgp.AppendArrayHeader(dst, 2), k.Hash), k.Offset)
 	case ExtraLoRA, ExtraCacheSalt:
 		return msgp.AppendString(dst, k.Name)
 	case ExtraPromptEmbeds:
@@ -90,19 +90,19 @@ func appendTupleKey(dst []byte, k *ExtraKey, f ExtraForm) []byte {
 func appendTypedKey(dst []byte, k *ExtraKey) []byte {
 	switch k.Kind {
 	case ExtraMultiModal:
-		dst = appendKey(msgp.AppendMapHeader(dst, 4), "type", "mm")
-		dst = appendKey(dst, "modality", k.Modality)
-		dst = appendKey(dst, "hash", k.Hash)
-		return appendInt(msgp.AppendString(dst, "block_offset"), k.Offset)
+		dst = AppendKey(msgp.AppendMapHeader(dst, 4), "type", "mm")
+		dst = AppendKey(dst, "modality", k.Modality)
+		dst = AppendKey(dst, "hash", k.Hash)
+		return AppendInt(msgp.AppendString(dst, "block_offset"), k.Offset)
 	case ExtraLoRA:
-		return appendKey(appendKey(msgp.AppendMapHeader(dst, 2), "type", "lora"), "name", k.Name)
+		return AppendKey(AppendKey(msgp.AppendMapHeader(dst, 2), "type", "lora"), "name", k.Name)
 	case ExtraCacheSalt:
-		return appendKey(appendKey(msgp.AppendMapHeader(dst, 2), "type", "cache_salt"), "salt", k.Name)
+		return AppendKey(AppendKey(msgp.AppendMapHeader(dst, 2), "type", "cache_salt"), "salt", k.Name)
 	case ExtraPromptEmbeds:
-		dst = appendKey(msgp.AppendMapHeader(dst, 2), "type", "prompt_embeds")
+		dst = AppendKey(msgp.AppendMapHeader(dst, 2), "type", "prompt_embeds")
 		return msgp.AppendBytes(msgp.AppendString(dst, "hash"), k.Bytes)
 	}
-	dst = appendKey(msgp.AppendMapHeader(dst, 2), "type", "legacy")
+	dst = AppendKey(msgp.AppendMapHeader(dst, 2), "type", "legacy")
 	return appendRaw(msgp.AppendString(dst, "value"), k.Raw)
 }
 

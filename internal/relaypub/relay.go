@@ -1,4 +1,4 @@
-package relay
+package relaypub
 
 import (
 	"context"
@@ -12,7 +12,9 @@ import (
 
 	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/internal/conf"
+	"github.com/kvpipe/kvpipe/internal/opstream"
 	"github.com/kvpipe/kvpipe/internal/pace"
+	"github.com/kvpipe/kvpipe/relay"
 	"github.com/kvpipe/kvpipe/snapshot"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -20,7 +22,7 @@ import (
 
 // Config configures a Relay.
 type Config struct {
-	Settings Settings
+	Settings relay.Settings // its followers' too
 	// Pipeline configures the engine side as for a router; the relay sets
 	// its Publish, and Publish and Source must be unset. Its Backpressure
 	// must be Block: a dropped batch would resync the worker, and two
@@ -78,6 +80,7 @@ type Relay struct {
 	pub    jetstream.JetStream // js's connection, for the workers' publishes: its own acknowledgement timeout
 	window int                 // MaxInFlight, as the connection allows
 	cfg    Config
+	set    opstream.Settings // cfg.Settings, defaulted
 	log    *slog.Logger
 	nonce  uint64 // this relay process's, in the ids of ops made of no engine batch
 	other  atomic.Uint64
@@ -145,8 +148,8 @@ func (r *Relay) Stats() Stats {
 // New validates cfg and returns a relay publishing through js. It starts
 // nothing.
 func New(js jetstream.JetStream, cfg Config) (*Relay, error) {
-	var err error
-	if cfg.Settings, err = cfg.Settings.withDefaults(); err != nil {
+	set, err := opstream.Settings(cfg.Settings).WithDefaults()
+	if err != nil {
 		return nil, err
 	}
 	switch {
@@ -176,7 +179,7 @@ func New(js jetstream.JetStream, cfg Config) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Relay{js: js, pub: pub, window: window, cfg: cfg, log: cfg.Logger, nonce: rand.Uint64(),
+	r := &Relay{js: js, pub: pub, window: window, cfg: cfg, set: set, log: cfg.Logger, nonce: rand.Uint64(),
 		workers: map[string]kvpipe.WorkerConfig{}, warn: pace.NewWarner(cfg.Logger, "kvpipe/relay: ")}
 	// The first pipeline is made now so that AddWorker checks each
 	// worker's config at once, as a Pipeline's does.
@@ -209,8 +212,8 @@ type run struct {
 	p *kvpipe.Pipeline
 	// Set by Run before the pipeline runs, read-only after.
 	stream  jetstream.Stream
-	store   *ObjectStore
-	created time.Time // the stream's creation time: its incarnation
+	obs     jetstream.ObjectStore // the snapshot's bucket
+	created time.Time             // the stream's creation time: its incarnation
 	stop    context.CancelFunc
 	done    chan error // the pipeline's Run result
 	// resetting: workers being reset (part); done before the pipeline stops.
@@ -494,7 +497,7 @@ func (ru *run) loop(ctx context.Context) error {
 // bucket's snapshot, if usable.
 func (ru *run) setUp(ctx context.Context) error {
 	r := ru.r
-	stream, obs, err := Ensure(ctx, r.js, r.cfg.Settings)
+	stream, obs, err := opstream.Ensure(ctx, r.js, r.set)
 	if err != nil {
 		return err
 	}
@@ -502,8 +505,8 @@ func (ru *run) setUp(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("relay: stream info: %w", err)
 	}
-	ru.stream, ru.store, ru.created = stream, NewObjectStore(obs, r.cfg.Settings.Object), info.Created
-	data, meta, err := ru.store.LoadMeta(ctx, nil)
+	ru.stream, ru.obs, ru.created = stream, obs, info.Created
+	data, meta, err := opstream.LoadSnapshot(ctx, obs, r.set.Object, nil)
 	switch {
 	case errors.Is(err, snapshot.ErrNotFound):
 		r.log.Info("kvpipe/relay: no snapshot yet: workers start from their engines")
@@ -655,7 +658,7 @@ func (ru *run) snapshot(ctx context.Context) error {
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		// Make it again, so that the workers' publishes go through; the
 		// next run starts from the snapshot with this stream's sequences.
-		if _, _, eerr := Ensure(ctx, r.js, r.cfg.Settings); eerr != nil {
+		if _, _, eerr := opstream.Ensure(ctx, r.js, r.set); eerr != nil {
 			r.log.Warn("kvpipe/relay: the stream is gone and cannot be made again", "err", eerr)
 		}
 		return ErrStreamChanged
@@ -686,7 +689,8 @@ func (ru *run) snapshot(ctx context.Context) error {
 		r.stats.snapshotErrors.Add(1)
 		return fmt.Errorf("relay: encoding the snapshot: %w", err)
 	}
-	if err := ru.store.SaveMeta(ctx, data, SnapshotMeta{Known: true, StreamCreated: info.Created, StreamLast: info.State.LastSeq}); err != nil {
+	meta := opstream.SnapshotMeta{Known: true, StreamCreated: info.Created, StreamLast: info.State.LastSeq}
+	if err := opstream.SaveSnapshot(ctx, ru.obs, r.set.Object, data, meta); err != nil {
 		r.stats.snapshotErrors.Add(1)
 		return err
 	}

@@ -1,4 +1,4 @@
-package relay
+package opstream
 
 import (
 	"errors"
@@ -25,14 +25,14 @@ func everyOp() []index.Op {
 func TestMessageRoundTrip(t *testing.T) {
 	for _, partial := range []bool{false, true} {
 		ops := everyOp()
-		msg, err := appendMessage([]byte("prefix"), partial, ops)
+		msg, err := AppendMessage([]byte("prefix"), partial, ops)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if string(msg[:6]) != "prefix" || len(msg) != 6+2+9*len(ops) {
 			t.Fatalf("message of %d bytes, want the prefix kept and 2+9×%d more", len(msg), len(ops))
 		}
-		got, gotPartial, err := decodeMessage(msg[6:], nil)
+		got, gotPartial, err := DecodeMessage(msg[6:], nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -44,7 +44,7 @@ func TestMessageRoundTrip(t *testing.T) {
 
 // The layout is the documented one, byte for byte.
 func TestMessageLayout(t *testing.T) {
-	msg, err := appendMessage(nil, true, []index.Op{{Kind: index.OpRemove, Tier: index.TierDisk, Hash: 0x0102030405060708}})
+	msg, err := AppendMessage(nil, true, []index.Op{{Kind: index.OpRemove, Tier: index.TierDisk, Hash: 0x0102030405060708}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func TestMessageLayout(t *testing.T) {
 }
 
 func TestMessageErrors(t *testing.T) {
-	good, err := appendMessage(nil, false, []index.Op{{Kind: index.OpStore, Hash: 7}, {Kind: index.OpClearWorker}})
+	good, err := AppendMessage(nil, false, []index.Op{{Kind: index.OpStore, Hash: 7}, {Kind: index.OpClearWorker}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func TestMessageErrors(t *testing.T) {
 		{"kind in the high range", with(2, 0x0f), "op 0: unknown kind 15"},
 		{"bad tier", with(2, byte(index.NumTiers)<<4), "op 0: tier 4, there are 4"},
 	} {
-		ops, _, err := decodeMessage(tc.data, make([]index.Op, 0, 4))
+		ops, _, err := DecodeMessage(tc.data, make([]index.Op, 0, 4))
 		if !errors.Is(err, errMessage) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: error %v, want errMessage saying %q", tc.name, err, tc.want)
 		}
@@ -89,7 +89,7 @@ func TestMessageErrors(t *testing.T) {
 	}
 	for _, op := range []index.Op{{Kind: index.OpClearTier + 1}, {Kind: index.OpStore, Tier: index.NumTiers}} {
 		dst := []byte("keep")
-		got, err := appendMessage(dst, false, []index.Op{{Kind: index.OpStore}, op})
+		got, err := AppendMessage(dst, false, []index.Op{{Kind: index.OpStore}, op})
 		if err == nil || string(got) != "keep" {
 			t.Errorf("op %+v: appendMessage = %q, %v; want an error and dst as it was", op, got, err)
 		}
@@ -97,9 +97,9 @@ func TestMessageErrors(t *testing.T) {
 }
 
 func TestDecodeMessageReusesDst(t *testing.T) {
-	msg, _ := appendMessage(nil, false, everyOp())
+	msg, _ := AppendMessage(nil, false, everyOp())
 	dst := make([]index.Op, 3, 64)
-	ops, _, err := decodeMessage(msg, dst)
+	ops, _, err := DecodeMessage(msg, dst)
 	if err != nil || &ops[0] != &dst[:1][0] {
 		t.Errorf("decoded into another array (err %v): want dst reused", err)
 	}
@@ -110,51 +110,12 @@ func TestMessageAllocatesNothing(t *testing.T) {
 		t.Skip("the race detector allocates on its own")
 	}
 	ops := everyOp()
-	buf, _ := appendMessage(nil, true, ops)
-	dst, _, _ := decodeMessage(buf, nil)
-	if n := testing.AllocsPerRun(100, func() { buf, _ = appendMessage(buf[:0], true, ops) }); n != 0 {
+	buf, _ := AppendMessage(nil, true, ops)
+	dst, _, _ := DecodeMessage(buf, nil)
+	if n := testing.AllocsPerRun(100, func() { buf, _ = AppendMessage(buf[:0], true, ops) }); n != 0 {
 		t.Errorf("appendMessage allocates %.1f times, want 0", n)
 	}
-	if n := testing.AllocsPerRun(100, func() { dst, _, _ = decodeMessage(buf, dst) }); n != 0 {
+	if n := testing.AllocsPerRun(100, func() { dst, _, _ = DecodeMessage(buf, dst) }); n != 0 {
 		t.Errorf("decodeMessage allocates %.1f times, want 0", n)
 	}
 }
-
-func TestMessageIDs(t *testing.T) {
-	msg, _ := appendMessage(nil, false, everyOp())
-	other, _ := appendMessage(nil, true, everyOp())
-	fresh := freshLineage("w")
-	id, l := appendBatchID(nil, "w", 42, 0xabc, 1, fresh, msg)
-	if !strings.HasPrefix(string(id), "w.42.abc.1.") {
-		t.Errorf("batch id %q, want w.42.abc.1.<lineage>", id)
-	}
-	if got, ok := lineageOf(string(id)); !ok || got != l {
-		t.Errorf("lineageOf(%q) = %x, %v; want %x", id, got, ok, l)
-	}
-	// The same message after the same history: the same id, in any relay.
-	if again, _ := appendBatchID(nil, "w", 42, 0xabc, 1, fresh, msg); string(again) != string(id) {
-		t.Errorf("same batch, same lineage: ids %q and %q", id, again)
-	}
-	// Anything else differing: another id, and another lineage after it.
-	for name, other := range map[string][]byte{
-		"other ops":     mustID(appendBatchID(nil, "w", 42, 0xabc, 1, fresh, other)),
-		"other history": mustID(appendBatchID(nil, "w", 42, 0xabc, 1, fresh+1, msg)),
-		"other part":    mustID(appendBatchID(nil, "w", 42, 0xabc, 2, fresh, msg)),
-		"other seq":     mustID(appendBatchID(nil, "w", 43, 0xabc, 1, fresh, msg)),
-		"other worker":  mustID(appendBatchID(nil, "v", 42, 0xabc, 1, fresh, msg)),
-	} {
-		if string(other) == string(id) {
-			t.Errorf("%s: same id %q", name, id)
-		}
-	}
-	a, _ := appendOtherID(nil, "w", 0x77, 1, fresh, msg)
-	b, _ := appendOtherID(nil, "w", 0x77, 2, fresh, msg)
-	if !strings.HasPrefix(string(a), "w.r77.1.") || string(a) == string(b) {
-		t.Errorf("other ids %q, %q: want w.r77.<counter>.<lineage>, distinct", a, b)
-	}
-	if _, ok := lineageOf("no-dot"); ok {
-		t.Error("lineageOf found a lineage in an id without one")
-	}
-}
-
-func mustID(id []byte, _ lineage) []byte { return id }

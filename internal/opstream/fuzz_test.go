@@ -1,4 +1,4 @@
-package relay
+package opstream
 
 import (
 	"bytes"
@@ -10,7 +10,7 @@ import (
 // FuzzMessage: any bytes either decode, and then encode back to exactly
 // themselves, or fail with errMessage; nothing panics.
 func FuzzMessage(f *testing.F) {
-	good, _ := appendMessage(nil, true, everyOp())
+	good, _ := AppendMessage(nil, true, everyOp())
 	f.Add(good)
 	f.Add(good[:len(good)-3])
 	f.Add([]byte{MessageVersion, 0})
@@ -18,12 +18,12 @@ func FuzzMessage(f *testing.F) {
 	f.Add([]byte{2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0})
 	var dst []index.Op
 	f.Fuzz(func(t *testing.T, data []byte) {
-		ops, partial, err := decodeMessage(data, dst)
+		ops, partial, err := DecodeMessage(data, dst)
 		dst = ops
 		if err != nil {
 			return
 		}
-		again, err := appendMessage(nil, partial, ops)
+		again, err := AppendMessage(nil, partial, ops)
 		if err != nil {
 			t.Fatalf("decoded ops do not encode: %v", err)
 		}

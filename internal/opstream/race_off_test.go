@@ -1,5 +1,5 @@
 //go:build !race
 
-package relay
+package opstream
 
 const raceEnabled = false

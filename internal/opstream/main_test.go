@@ -1,0 +1,9 @@
+package opstream
+
+import (
+	"testing"
+
+	"github.com/kvpipe/kvpipe/internal/ztest"
+)
+
+func TestMain(m *testing.M) { ztest.VerifyNoLeaks(m) }
