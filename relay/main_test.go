@@ -5,21 +5,11 @@ import (
 
 	"github.com/kvpipe/kvpipe/internal/natstest"
 	"github.com/kvpipe/kvpipe/internal/ztest"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 func TestMain(m *testing.M) { ztest.VerifyNoLeaks(m) }
 
-func startServer(t testing.TB) (*natstest.Server, jetstream.JetStream) {
-	t.Helper()
-	srv := natstest.Start(t)
-	js, err := jetstream.New(srv.Connect(t, nats.ReconnectBufSize(-1)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return srv, js
-}
+var startServer = natstest.StartJetStream
 
 // testSettings are small enough for tests to trim.
 func testSettings() Settings {

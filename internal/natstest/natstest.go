@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Server is an in-process nats-server with JetStream. Its methods are safe
@@ -113,4 +114,17 @@ func (s *Server) Connect(t testing.TB, opts ...nats.Option) *nats.Conn {
 	}
 	t.Cleanup(nc.Close)
 	return nc
+}
+
+// StartJetStream starts a server and returns a JetStream client on the
+// relay's recommended connection: no reconnect buffer, so that it keeps
+// many messages in flight.
+func StartJetStream(t testing.TB) (*Server, jetstream.JetStream) {
+	t.Helper()
+	srv := Start(t)
+	js, err := jetstream.New(srv.Connect(t, nats.ReconnectBufSize(-1)))
+	if err != nil {
+		t.Fatalf("natstest: jetstream: %v", err)
+	}
+	return srv, js
 }

@@ -19,7 +19,6 @@ import (
 	"github.com/kvpipe/kvpipe/internal/ztest"
 	"github.com/kvpipe/kvpipe/relay"
 	"github.com/kvpipe/kvpipe/wire"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -98,17 +97,7 @@ func (e *engine) serve(reqs []sim.Request) int {
 func trace(n int, seed uint64) []sim.Request { return sim.SyntheticTrace(n, seed) }
 
 // startServer starts an in-process nats-server and connects to it.
-func startServer(t testing.TB) (*natstest.Server, jetstream.JetStream) {
-	t.Helper()
-	srv := natstest.Start(t)
-	// The relay's recommended connection: no reconnect buffer, so that it
-	// keeps many messages in flight.
-	js, err := jetstream.New(srv.Connect(t, nats.ReconnectBufSize(-1)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return srv, js
-}
+var startServer = natstest.StartJetStream
 
 // testSettings are small enough for tests to trim.
 func testSettings() relay.Settings {
