@@ -56,7 +56,7 @@ type LeaseConfig struct {
 
 // Lease decides which of several relays for the same engines writes: the
 // one holding a key of a JetStream KV bucket. Run takes the key with a
-// create (which fails while it exists), renews it every TTL/3 with a
+// create (which fails while it exists), renews it every TTL/6 with a
 // compare-and-set on its revision, and deletes it when lead returns, so
 // that a standby (watching the key) takes over at once. A key not renewed
 // for TTL expires (it is the bucket's max age) and a standby takes it.
@@ -395,7 +395,7 @@ func (l *Lease) hold(ctx context.Context, kv jetstream.KeyValue, sent time.Time,
 	// lead has stopped writing. held, lead's, ends with keep or ctx.
 	keep, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancel(errStepDown)
-	held, cancelHeld := context.WithCancelCause(keep)
+	held, cancelHeld := context.WithCancelCause(context.WithValue(keep, keepKey{}, keep))
 	defer cancelHeld(errStepDown)
 	defer context.AfterFunc(ctx, func() { cancelHeld(context.Cause(ctx)) })()
 	h := &holding{cancel: cancel, holding: &l.stats.holding, rev: rev, deadline: sent.Add(l.cfg.TTL / 2)}
@@ -430,12 +430,29 @@ func (l *Lease) hold(ctx context.Context, kv jetstream.KeyValue, sent time.Time,
 	return err
 }
 
-// renew renews the key every TTL/3 until held ends, sooner after a failed
-// attempt; it ends the holding when the key turns out another's.
+// keepKey is the key under which a held context carries its holding's
+// keep context, which outlives it while the lease is held.
+type keepKey struct{}
+
+// afterHeld is the context for a drain after ctx ended: with a lease, it
+// lasts while the lease is held (renewals go on while lead drains) and ends
+// when it is lost, so that lead stops writing before a standby can hold
+// it; without one, it does not end.
+func afterHeld(ctx context.Context) context.Context {
+	if keep, ok := ctx.Value(keepKey{}).(context.Context); ok {
+		return keep
+	}
+	return context.WithoutCancel(ctx)
+}
+
+// renew renews the key every TTL/6 until held ends, sooner after a failed
+// attempt; it ends the holding when the key turns out another's. Three
+// attempts fit in the TTL/2 a holder may go unrenewed: one slow renew (a
+// loaded machine, a GC pause, a server election) must not cost the lease.
 func (l *Lease) renew(held context.Context, kv jetstream.KeyValue, h *holding, sent time.Time) {
 	// An attempt waits TTL/10 at most: a renew lost with a dying server
 	// must leave time, before TTL/2, to try again on the next.
-	every, timeout := l.cfg.TTL/3, l.cfg.TTL/10
+	every, timeout := l.cfg.TTL/6, l.cfg.TTL/10
 	next := sent.Add(every)
 	b := pace.Backoff{Min: l.cfg.TTL / 100, Max: l.cfg.TTL / 20}
 	for {

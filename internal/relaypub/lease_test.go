@@ -349,7 +349,7 @@ func TestLeaseCrashedHolder(t *testing.T) {
 func TestLeaseNATSRestart(t *testing.T) {
 	t.Run("brief", func(t *testing.T) {
 		srv := natstest.Start(t)
-		// Renews go out every TTL/3 and the holder stops TTL/2 after the
+		// Renews go out every TTL/6 and the holder stops TTL/2 after the
 		// last that succeeded. NATS stops just after a renew and is back
 		// after the next one's first attempt timed out (TTL/10), 150ms
 		// before TTL/2: the holder must try again in time, and keep the
@@ -528,6 +528,55 @@ func TestLeaseTakenKeyIsLostAtOnce(t *testing.T) {
 	}
 	if st := a.Stats(); st.Lost != 1 || st.Released != 0 {
 		t.Errorf("a's stats %+v, want 1 lost, none released", st)
+	}
+	rec.check(t)
+}
+
+// TestLeaseDrainEndsWhenLost: after Run's context ends, lead drains on
+// afterHeld(held), which lasts while the renewals go on (past TTL) and ends
+// as soon as the lease is lost, so a drain cannot write while a standby
+// holds the lease.
+func TestLeaseDrainEndsWhenLost(t *testing.T) {
+	srv := natstest.Start(t)
+	const ttl = 1500 * time.Millisecond
+	var rec leaseRec
+	_, js := leaseConn(t, srv)
+	draining, drained := make(chan struct{}), make(chan error, 1)
+	a := runLease(t, newTestLease(t, js, "a", ttl), rec.lead("a", func(held context.Context) error {
+		<-held.Done()
+		drain := afterHeld(held)
+		close(draining)
+		<-drain.Done()
+		drained <- context.Cause(drain)
+		return nil
+	}))
+	waitFor(t, 5*time.Second, "a to hold", func() bool { return rec.holder() == "a" })
+	a.cancel()
+	<-draining
+	select {
+	case err := <-drained:
+		t.Fatalf("the drain ended %v, while the lease was held: %v", ttl, err)
+	case <-time.After(ttl):
+	}
+	kv, err := js.KeyValue(context.Background(), leaseBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.PutString(context.Background(), DefaultLeaseKey, "intruder"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-drained:
+		if !errors.Is(err, ErrLeaseLost) {
+			t.Errorf("the drain ended with %v, want ErrLeaseLost", err)
+		}
+	case <-time.After(ttl):
+		t.Fatalf("the drain went on %v after the key was taken", ttl)
+	}
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	if afterHeld(ended).Err() != nil {
+		t.Error("without a lease, afterHeld of an ended context ended too")
 	}
 	rec.check(t)
 }

@@ -58,9 +58,8 @@ type Config struct {
 	// Lease, when set, makes this relay one of several for the same
 	// engines: it writes only while it holds the lease, and a standby
 	// (another relay with a Lease on the same key) takes over from the
-	// last snapshot when it stops or goes silent. Its ShutdownTimeout is
-	// then at most a third of the lease's TTL, so that it has stopped
-	// writing before a standby can hold the lease.
+	// last snapshot when it stops or goes silent. It renews the lease while
+	// it drains, and stops draining (sends nothing more) if it loses it.
 	Lease *Lease
 }
 
@@ -198,9 +197,6 @@ func (cfg *Config) defaults() {
 	cfg.ShutdownTimeout = conf.Or(cfg.ShutdownTimeout, 10*time.Second)
 	cfg.RepublishTimeout = conf.Or(cfg.RepublishTimeout, time.Minute)
 	cfg.ReadIdle = conf.Or(cfg.ReadIdle, 5*time.Second)
-	if cfg.Lease != nil {
-		cfg.ShutdownTimeout = min(cfg.ShutdownTimeout, cfg.Lease.cfg.TTL/3)
-	}
 	cfg.Logger = conf.Or(conf.Or(cfg.Logger, cfg.Pipeline.Logger), slog.New(slog.DiscardHandler))
 	cfg.Pipeline.Logger = conf.Or(cfg.Pipeline.Logger, cfg.Logger)
 }
@@ -356,7 +352,7 @@ func (r *Relay) lead(ctx context.Context, ru *run) error {
 		// stopping.
 		r.switching.Lock()
 		ru.stopSettling()
-		ru.finish(context.WithoutCancel(ctx))
+		ru.finish(afterHeld(ctx))
 		next, err := r.nextRun()
 		r.switching.Unlock()
 		if err != nil {
@@ -419,12 +415,12 @@ func (ru *run) run(ctx context.Context) error {
 		stop()
 		err := <-ru.done
 		ru.resetting.Wait()
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ShutdownTimeout)
+		sctx, cancel := context.WithTimeout(afterHeld(ctx), r.cfg.ShutdownTimeout)
 		defer cancel()
 		ru.endSettling(sctx)
 		return err
 	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ShutdownTimeout)
+	sctx, cancel := context.WithTimeout(afterHeld(ctx), r.cfg.ShutdownTimeout)
 	defer cancel()
 	if errors.Is(context.Cause(ctx), ErrLeaseLost) {
 		// Another relay may hold the lease soon: send nothing more, and
