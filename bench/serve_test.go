@@ -191,7 +191,7 @@ func livePass(b *testing.B, w, settled *workload, pass func(), tick time.Duratio
 		}
 		pass()
 		time.Sleep(tick - time.Since(start)) // a frame or none a worker: the spread waits for none
-		if from = to; from >= span { // every frame published: the trace again
+		if from = to; from >= span {         // every frame published: the trace again
 			from, next = 0, [workers]int{}
 		}
 	}
