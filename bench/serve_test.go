@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -118,6 +119,7 @@ func serveSettled(b *testing.B, w *workload, live bool) {
 			ask := newAsker(b, via, p, url, w.prompts)
 			// The process's CPU time is the calls' (and the live ingest's):
 			// per match, a figure the machine's load does not move.
+			runtime.GC() // each case from the same heap, not the garbage of the one before
 			before := cpuTime()
 			in.n, in.blocks, in.events = 0, 0, 0
 			measure(b, w, 0, in.next, ask.find)
@@ -190,8 +192,9 @@ func livePass(b *testing.B, w, settled *workload, pass func(), tick time.Duratio
 			settled.frames[i] = w.frames[i][start:next[i]]
 		}
 		pass()
-		time.Sleep(tick - time.Since(start)) // a frame or none a worker: the spread waits for none
-		if from = to; from >= span {         // every frame published: the trace again
+		// A worker has a frame or none a tick: the spread waits for none.
+		time.Sleep(tick - time.Since(start))
+		if from = to; from >= span { // every frame published: the trace again
 			from, next = 0, [workers]int{}
 		}
 	}
