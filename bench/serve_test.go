@@ -4,11 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"runtime"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -16,6 +21,8 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/kvpipe/kvpipe"
+	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"github.com/kvpipe/kvpipe/internal/serve"
 	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1"
 	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1/kvpipev1connect"
@@ -23,57 +30,175 @@ import (
 
 // BenchmarkServe: BenchmarkLoopback's ingest (2 shards) into a pipeline run
 // by kvpipe serve, with its matches asked in process, over gRPC (h2c: one
-// Match a call, MatchBatch of batchSize prompts a call, or MatchStream, one
-// prompt a message on one stream) and over POST /v1/match on loopback, by
-// one client flat out and at 5k calls/s (flat out only for ingest=paced and
-// the batch and the stream); finds are calls, matches/s counts prompts;
-// the client runs on the same cores. ingest=trace streams the trace in flat
-// out (the cores saturated), ingest=paced spread over 10 s a pass, and
-// ingest=idle asks the index the trace's first pass left, a second per
-// iteration, with nothing streaming in: the transport's own cost.
+// Match a call; MatchBatch of batchSize prompts a call; MatchStream, one
+// prompt a message on one stream, the next sent once the answer is in, or
+// up to 8 in flight, grpc-stream-8) and over POST /v1/match on loopback, by
+// one client flat out and at 5k calls/s (that only while the trace streams
+// in flat out, and not for the batch and the streams); finds are calls,
+// matches/s counts prompts; the client runs on the same cores.
+// ingest=trace streams the trace in flat out (the cores saturated),
+// ingest=paced spreads a pass over 10 s (about 90 times the trace's own
+// pace), ingest=live streams it at the pace of its timestamps onto the
+// index a first pass left, and ingest=idle asks that index with nothing
+// streaming in: the transport's own cost. The idle and live cases share
+// one server, and report the CPU time per match.
 func BenchmarkServe(b *testing.B) {
 	w := load(b)
-	ingests, rates := []string{"trace", "paced", "idle"}, []int{0, 5000}
-	if testing.Short() { // CI's once-over (-short -benchtime 1x): each transport, no ingest to wait for
-		ingests, rates = []string{"idle"}, []int{0}
+	ingests := []string{"trace", "paced", "live", "idle"}
+	if testing.Short() { // CI's once-over (-short -benchtime 1x): each transport on an idle index
+		ingests = []string{"idle"}
 	}
 	for _, ingest := range ingests {
-		for _, via := range []string{"inprocess", "grpc", "grpc-batch", "grpc-stream", "json"} {
-			for _, rate := range rates {
-				if rate > 0 && (ingest == "paced" || strings.HasPrefix(via, "grpc-")) {
-					continue // 30 s a run even at -benchtime 1x: flat out says enough
-				}
-				q := "query=flat"
-				if rate > 0 {
-					q = fmt.Sprintf("query=%dk", rate/1000)
-				}
-				b.Run("ingest="+ingest+"/"+via+"/"+q, func(b *testing.B) {
-					var url string
-					spread := time.Duration(0)
-					if ingest == "paced" {
-						spread = 10 * time.Second
-					}
-					p, pass := loopback(b, w, 2, spread, func(b *testing.B, p *kvpipe.Pipeline) { url = runServe(b, p) })
-					find, perCall := matcher(b, via, p, url, w.prompts)
-					var calls atomic.Int64
-					counted := func(keys []uint64) error { calls.Add(1); return find(keys) }
-					if ingest != "idle" {
-						measure(b, w, rate, pass, counted)
-						b.ReportMetric(float64(calls.Load()*int64(perCall))/b.Elapsed().Seconds(), "matches/s")
-						return
-					}
-					// Idle, the process's CPU time is the calls': per match, a
-					// figure the machine's load does not move.
-					pass = idle(w, pass)
-					before := cpuTime()
-					measure(b, w, rate, pass, counted)
-					n := float64(max(calls.Load()*int64(perCall), 1))
-					b.ReportMetric(float64((cpuTime()-before).Nanoseconds())/n, "cpu-ns/match")
-					b.ReportMetric(n/b.Elapsed().Seconds(), "matches/s")
-				})
+		b.Run("ingest="+ingest, func(b *testing.B) {
+			switch ingest {
+			case "trace", "paced":
+				serveIngesting(b, w, ingest == "paced")
+			default:
+				serveSettled(b, w, ingest == "live")
 			}
+		})
+	}
+}
+
+// serveVias are the ways BenchmarkServe asks; the stream with several
+// requests in flight only where it is measured with CPU time.
+var serveVias = []string{"inprocess", "grpc", "grpc-batch", "grpc-stream", "grpc-stream-8", "json"}
+
+// serveIngesting: each case its own pipeline, which each pass streams the
+// trace into (over 10 s when paced), from empty to empty.
+func serveIngesting(b *testing.B, w *workload, paced bool) {
+	rates := []int{0, 5000}
+	spread := time.Duration(0)
+	if paced {
+		rates, spread = []int{0}, 10*time.Second // 30 s a run even at -benchtime 1x: flat out says enough
+	}
+	for _, via := range serveVias {
+		for _, rate := range rates {
+			if rate > 0 && strings.HasPrefix(via, "grpc-") {
+				continue
+			}
+			q := "query=flat"
+			if rate > 0 {
+				q = fmt.Sprintf("query=%dk", rate/1000)
+			}
+			b.Run(via+"/"+q, func(b *testing.B) {
+				var url string
+				p, pass := loopback(b, w, 2, spread, func(b *testing.B, p *kvpipe.Pipeline) { url = runServe(b, p) })
+				ask := newAsker(b, via, p, url, w.prompts)
+				measure(b, w, rate, pass, ask.find)
+				ask.report(b)
+			})
 		}
 	}
+}
+
+// serveSettled: one pipeline for every case, the trace's first pass
+// applied; then each iteration is a second (a tenth under -short) of
+// nothing streaming in, or of the trace streaming in again at its own
+// pace (live).
+func serveSettled(b *testing.B, w *workload, live bool) {
+	tick := time.Second
+	if testing.Short() {
+		tick = 100 * time.Millisecond
+	}
+	settled := *w              // loopback's pass publishes what this holds when called
+	settled.clear = emptyBatch // the index stays as the pass leaves it
+	var url string
+	spread := time.Duration(0)
+	if live {
+		spread = tick
+	}
+	p, pass := loopback(b, &settled, 2, spread, func(b *testing.B, p *kvpipe.Pipeline) { url = runServe(b, p) })
+	pass()
+	in := &ticks{tick: tick, pass: func() { time.Sleep(tick) }}
+	if live {
+		in = livePass(b, w, &settled, pass, tick)
+	}
+	for _, via := range serveVias {
+		b.Run(via+"/query=flat", func(b *testing.B) {
+			ask := newAsker(b, via, p, url, w.prompts)
+			// The process's CPU time is the calls' (and the live ingest's):
+			// per match, a figure the machine's load does not move.
+			runtime.GC() // each case from the same heap, not the garbage of the one before
+			before := cpuTime()
+			in.n, in.blocks, in.events = 0, 0, 0
+			measure(b, w, 0, in.next, ask.find)
+			ask.report(b)
+			n := float64(max(ask.matches(), 1))
+			b.ReportMetric(float64((cpuTime()-before).Nanoseconds())/n, "cpu-ns/match")
+			// What streamed in, not measure's passes of the whole trace.
+			b.SetBytes(0)
+			sec := (time.Duration(in.n) * tick).Seconds()
+			b.ReportMetric(float64(in.blocks)/sec, "blocks/s")
+			b.ReportMetric(float64(in.events)/sec, "events/s")
+		})
+	}
+}
+
+// ticks is an iteration of serveSettled: a tick of the trace streaming in
+// (or of nothing), counted.
+type ticks struct {
+	tick              time.Duration
+	pass              func()
+	n, blocks, events int // ticks, and the blocks and events they published
+}
+
+func (t *ticks) next() { t.pass(); t.n++ }
+
+// emptyBatch is a batch of no events: it ends a pass and changes nothing.
+var emptyBatch = engineenc.AppendBatch(nil, &codec.Batch{}, engineenc.CurrentVLLM)
+
+// traceFrame is a frame's time in the trace and what it holds.
+type traceFrame struct {
+	at             time.Duration
+	blocks, events int
+}
+
+// livePass makes each tick publish the frames the trace's timestamps put
+// in the next tick of its time, each worker's spread over the tick
+// (loopback's spread is the tick), around the trace again and again; it
+// logs the trace's own pace.
+func livePass(b *testing.B, w, settled *workload, pass func(), tick time.Duration) *ticks {
+	var frames [workers][]traceFrame
+	var d codec.Decoder
+	var batch codec.Batch
+	span := time.Duration(0)
+	for i, fs := range w.frames {
+		for _, f := range fs {
+			if err := d.Decode(f, &batch); err != nil {
+				b.Fatal(err)
+			}
+			tf := traceFrame{at: time.Duration(batch.TS * float64(time.Second)), events: len(batch.Events)}
+			for _, e := range batch.Events {
+				tf.blocks += len(e.BlockHashes)
+			}
+			frames[i], span = append(frames[i], tf), max(span, tf.at)
+		}
+	}
+	span += time.Second
+	b.Logf("trace: %.0f s, %.1f k blocks/s, %.1f events/s at its own pace", span.Seconds(),
+		float64(w.blocks)/span.Seconds()/1e3, float64(w.events)/span.Seconds())
+	t := &ticks{tick: tick}
+	var from time.Duration
+	var next [workers]int
+	t.pass = func() {
+		start, to := time.Now(), from+tick
+		for i := range settled.frames {
+			start := next[i]
+			for ; next[i] < len(frames[i]) && frames[i][next[i]].at < to; next[i]++ {
+				t.blocks += frames[i][next[i]].blocks
+				t.events += frames[i][next[i]].events
+			}
+			settled.frames[i] = w.frames[i][start:next[i]]
+		}
+		pass()
+		// A worker has a frame or none a tick: the spread waits for none.
+		time.Sleep(tick - time.Since(start))
+		if from = to; from >= span { // every frame published: the trace again
+			from, next = 0, [workers]int{}
+		}
+	}
+	return t
 }
 
 // cpuTime is the process's user and system CPU time so far.
@@ -81,20 +206,6 @@ func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// idle publishes the workload's frames less their final clear, once, and
-// then only waits a second per pass.
-func idle(w *workload, pass func()) func() {
-	saved := w.clear
-	for _, fs := range w.frames { // a batch of the trace again, not a clear
-		if len(fs) > 0 {
-			w.clear = fs[len(fs)-1]
-		}
-	}
-	pass()
-	w.clear = saved
-	return func() { time.Sleep(time.Second) }
 }
 
 // runServe runs kvpipe serve for p on loopback until the benchmark ends.
@@ -123,51 +234,108 @@ func runServe(b *testing.B, p *kvpipe.Pipeline) string {
 // gathers in well under a millisecond at 20,000 requests/s.
 const batchSize = 16
 
-// matcher asks one prompt's keys the way via says, and says how many
-// prompts each call asks: grpc-batch asks the prompt and the batchSize-1
-// prompts after it in prompts.
-func matcher(b *testing.B, via string, p *kvpipe.Pipeline, url string, prompts [][]uint64) (func([]uint64) error, int) {
-	ctx := context.Background()
+// asker asks one prompt's keys a way BenchmarkServe names, and counts the
+// prompts answered.
+type asker struct {
+	find    func([]uint64) error
+	perCall int              // prompts a call asks
+	calls   atomic.Int64     // calls made
+	stream  *pipelinedStream // grpc-stream-N: its own latencies
+}
+
+func (a *asker) matches() int64 { return a.calls.Load() * int64(a.perCall) }
+
+// report adds matches/s, and a pipelined stream's latencies from a
+// request's send to its answer (measure's are only the sends').
+func (a *asker) report(b *testing.B) {
+	if a.stream != nil {
+		a.stream.finish(b)
+		reportLatencies(b, a.stream.lat)
+	}
+	b.ReportMetric(float64(a.matches())/b.Elapsed().Seconds(), "matches/s")
+}
+
+func reportLatencies(b *testing.B, lat []time.Duration) {
+	if len(lat) == 0 {
+		return
+	}
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds()), "find-p50-ns")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds()), "find-p99-ns")
+}
+
+func newAsker(b *testing.B, via string, p *kvpipe.Pipeline, url string, prompts [][]uint64) *asker {
+	find, perCall := matcher(b, via, p, url, prompts)
+	a := &asker{perCall: perCall}
+	if find == nil { // grpc-stream-N
+		n, err := strconv.Atoi(strings.TrimPrefix(via, "grpc-stream-"))
+		if err != nil {
+			b.Fatalf("via %q: %v", via, err)
+		}
+		a.stream = newPipelinedStream(b, grpcClient(b, url), n)
+		find = a.stream.send
+	}
+	a.find = func(keys []uint64) error { a.calls.Add(1); return find(keys) }
+	return a
+}
+
+// grpcClient is a connect-go gRPC client over h2c.
+func grpcClient(b *testing.B, url string) kvpipev1connect.IndexServiceClient {
 	tr := &http.Transport{Protocols: new(http.Protocols), MaxIdleConnsPerHost: 4}
 	tr.Protocols.SetUnencryptedHTTP2(true)
-	if via == "json" {
-		tr.Protocols = nil // HTTP/1.1 keep-alive, as curl or a plain HTTP client
-	}
 	client := &http.Client{Transport: tr}
 	b.Cleanup(client.CloseIdleConnections)
-	switch via {
-	case "grpc":
-		c := kvpipev1connect.NewIndexServiceClient(client, url, connect.WithGRPC())
+	return kvpipev1connect.NewIndexServiceClient(client, url, connect.WithGRPC())
+}
+
+// matcher asks one prompt's keys the way via says, and says how many
+// prompts each call asks: grpc-batch asks the prompt and the batchSize-1
+// prompts after it in prompts. A nil func: via is grpc-stream-N.
+func matcher(b *testing.B, via string, p *kvpipe.Pipeline, url string, prompts [][]uint64) (func([]uint64) error, int) {
+	ctx := context.Background()
+	switch {
+	case via == "grpc":
+		c := grpcClient(b, url)
 		return func(keys []uint64) error {
 			_, err := c.Match(ctx, connect.NewRequest(&kvpipev1.MatchRequest{Keys: keys}))
 			return err
 		}, 1
-	case "grpc-batch":
-		return batchMatcher(kvpipev1connect.NewIndexServiceClient(client, url, connect.WithGRPC()), prompts), batchSize
-	case "grpc-stream":
-		return streamMatcher(b, kvpipev1connect.NewIndexServiceClient(client, url, connect.WithGRPC())), 1
-	case "json":
-		var body bytes.Buffer
-		return func(keys []uint64) error {
-			body.Reset()
-			json.NewEncoder(&body).Encode(map[string][]uint64{"keys": keys})
-			resp, err := client.Post(url+"/v1/match", "application/json", &body)
-			if err != nil {
-				return err
-			}
-			_, err = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				return fmt.Errorf("POST /v1/match: %s", resp.Status)
-			}
-			return err
-		}, 1
+	case via == "grpc-batch":
+		return batchMatcher(grpcClient(b, url), prompts), batchSize
+	case via == "grpc-stream":
+		return streamMatcher(b, grpcClient(b, url)), 1
+	case strings.HasPrefix(via, "grpc-stream-"):
+		return nil, 1
+	case via == "json":
+		return jsonMatcher(b, url), 1
 	}
 	var dst []kvpipe.Match
 	return func(keys []uint64) (err error) {
 		dst, err = p.AppendMatches(ctx, dst[:0], keys)
 		return err
 	}, 1
+}
+
+// jsonMatcher asks POST /v1/match over HTTP/1.1 keep-alive, as curl or a
+// plain HTTP client would.
+func jsonMatcher(b *testing.B, url string) func([]uint64) error {
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
+	b.Cleanup(client.CloseIdleConnections)
+	var body bytes.Buffer
+	return func(keys []uint64) error {
+		body.Reset()
+		json.NewEncoder(&body).Encode(map[string][]uint64{"keys": keys})
+		resp, err := client.Post(url+"/v1/match", "application/json", &body)
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("POST /v1/match: %s", resp.Status)
+		}
+		return err
+	}
 }
 
 // batchMatcher asks, in one MatchBatch, the prompt it is given and the
@@ -209,4 +377,62 @@ func streamMatcher(b *testing.B, c kvpipev1connect.IndexServiceClient) func([]ui
 		_, err := stream.Receive()
 		return err
 	}
+}
+
+// pipelinedStream asks on one MatchStream with up to n requests in flight:
+// send returns once its request is sent, waiting only while n are
+// unanswered; a goroutine receives the answers, in the order asked, and
+// times each from its send.
+type pipelinedStream struct {
+	stream *connect.BidiStreamForClient[kvpipev1.MatchRequest, kvpipev1.MatchResponse]
+	req    kvpipev1.MatchRequest
+	sent   chan time.Time // one per request in flight: n at most
+	done   chan error     // the receiver's end
+	lat    []time.Duration
+	once   sync.Once
+}
+
+func newPipelinedStream(b *testing.B, c kvpipev1connect.IndexServiceClient, n int) *pipelinedStream {
+	s := &pipelinedStream{stream: c.MatchStream(context.Background()), sent: make(chan time.Time, n), done: make(chan error, 1)}
+	go s.receive()
+	b.Cleanup(func() { s.finish(b) })
+	return s
+}
+
+func (s *pipelinedStream) send(keys []uint64) error {
+	s.sent <- time.Now() // waits while n are in flight
+	s.req.Keys = keys
+	return s.stream.Send(&s.req)
+}
+
+// receive takes the answers until the server ends the stream.
+func (s *pipelinedStream) receive() {
+	for {
+		a, err := s.stream.Receive()
+		if err != nil {
+			s.done <- err
+			return
+		}
+		t := <-s.sent
+		if a.Error != nil {
+			s.done <- fmt.Errorf("match refused: %s: %s", a.Error.Code, a.Error.Message)
+			return
+		}
+		s.lat = append(s.lat, time.Since(t))
+	}
+}
+
+// finish closes the stream's requests, and waits for the answers to the
+// ones in flight and the receiver's end.
+func (s *pipelinedStream) finish(b *testing.B) {
+	s.once.Do(func() {
+		err := s.stream.CloseRequest()
+		if rerr := <-s.done; !errors.Is(rerr, io.EOF) {
+			err = rerr
+		}
+		s.stream.CloseResponse()
+		if err != nil {
+			b.Error(err)
+		}
+	})
 }

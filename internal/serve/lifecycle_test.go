@@ -1,13 +1,19 @@
 package serve
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"connectrpc.com/connect"
+	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1"
 )
 
 // When Run's ctx ends (SIGTERM in kvpipe serve), a call in flight is still
@@ -89,4 +95,45 @@ func TestDrainSavesAndRestarts(t *testing.T) {
 		}
 		return again.matchJSON(tokens)["e0"] == 6
 	})
+}
+
+// A drain ends an open MatchStream at once, idle or not: the requests the
+// server read are answered, in order, and the stream then ends with
+// Unavailable, saying why. (Before, an idle stream held the drain to its
+// timeout, here longer than the test's.)
+func TestDrainEndsMatchStreams(t *testing.T) {
+	for _, inFlight := range []int{0, 1, 8} {
+		t.Run(fmt.Sprintf("in-flight=%d", inFlight), func(t *testing.T) {
+			r := start(t, Config{DrainTimeout: 10 * time.Minute})
+			stream := r.grpc.MatchStream(context.Background())
+			defer stream.CloseResponse()
+			ask := func(i int) {
+				if err := stream.Send(&kvpipev1.MatchRequest{Keys: make([]uint64, i+1)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ask(0) // the stream open and answered once before the drain
+			if a, err := stream.Receive(); err != nil || a.RequestBlocks != 1 {
+				t.Fatalf("first answer: %v, %v", a, err)
+			}
+			for i := range inFlight {
+				ask(i + 1)
+			}
+			stopped := make(chan error, 1)
+			go func() { stopped <- r.stop() }()
+			var err error
+			for n := 1; err == nil; n++ {
+				var a *kvpipev1.MatchResponse
+				if a, err = stream.Receive(); err == nil && (n > inFlight || a.RequestBlocks != uint32(n+1)) {
+					t.Fatalf("answer %d of %d in flight: %d blocks, want %d", n, inFlight, a.RequestBlocks, n+1)
+				}
+			}
+			if connect.CodeOf(err) != connect.CodeUnavailable || !strings.Contains(err.Error(), "shutting down") {
+				t.Errorf("the stream's end: %v, want unavailable: shutting down", err)
+			}
+			if err := <-stopped; err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+		})
+	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"slices"
 	"time"
@@ -49,34 +48,6 @@ func (s *service) matchBatch(ctx context.Context, h http.Header, r *kvpipev1.Mat
 		out.Responses[i] = a
 	}
 	return out, nil
-}
-
-// MatchStream answers the stream's requests in order until the client
-// closes its side. A draining server ends the stream after the answer in
-// hand; one idle then ends at the drain timeout.
-func (s *service) MatchStream(ctx context.Context, stream *connect.BidiStream[kvpipev1.MatchRequest, kvpipev1.MatchResponse]) error {
-	h := stream.RequestHeader()
-	for {
-		req, err := stream.Receive()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		a, err := refusedInPlace(s.match(ctx, h, req))
-		if err != nil {
-			return err
-		}
-		if err := stream.Send(a); err != nil {
-			return err
-		}
-		select {
-		case <-s.closing:
-			return nil
-		default:
-		}
-	}
 }
 
 // refusedInPlace is match's answer to one request of many: a refusal goes

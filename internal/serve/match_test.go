@@ -13,6 +13,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1"
+	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1/kvpipev1connect"
 )
 
 // batchRequests are a batch's edge cases: a whole chain, half of it, one
@@ -96,6 +97,44 @@ func TestMatchBatchAndStream(t *testing.T) {
 	}
 	stream.CloseResponse()
 	checkBatch(t, "stream", answers)
+	checkBatch(t, "stream, all in flight", pipelined(t, r.grpc, 1))
+	checkBatch(t, "stream, all in flight, closed after", pipelined(t, r.grpc, 0))
+}
+
+// pipelined sends batchRequests on a MatchStream, each once the answer to
+// the one ahead-1 requests before it is in (ahead 0: all of them before
+// any answer, and its side closed), and returns the answers.
+func pipelined(t *testing.T, c kvpipev1connect.IndexServiceClient, ahead int) []*kvpipev1.MatchResponse {
+	t.Helper()
+	stream := c.MatchStream(context.Background())
+	defer stream.CloseResponse()
+	reqs := batchRequests()
+	var answers []*kvpipev1.MatchResponse
+	receive := func() {
+		a, err := stream.Receive()
+		if err != nil {
+			t.Fatalf("answer %d: %v", len(answers), err)
+		}
+		answers = append(answers, a)
+	}
+	for i, q := range reqs {
+		if err := stream.Send(q); err != nil {
+			t.Fatal(err)
+		}
+		if ahead > 0 && i >= ahead {
+			receive()
+		}
+	}
+	if err := stream.CloseRequest(); err != nil {
+		t.Fatal(err)
+	}
+	for len(answers) < len(reqs) {
+		receive()
+	}
+	if _, err := stream.Receive(); !errors.Is(err, io.EOF) {
+		t.Errorf("the stream after its last answer: %v, want EOF", err)
+	}
+	return answers
 }
 
 // A batch past maxBatch is refused whole, as invalid.

@@ -139,6 +139,7 @@ func (s *Server) routes() http.Handler {
 			s.inFlight.Inc()
 			defer s.inFlight.Dec()
 		}
+		w, r = withStreamConn(w, r)
 		mux.ServeHTTP(w, r)
 	})
 }

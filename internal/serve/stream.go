@@ -1,0 +1,132 @@
+package serve
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"sync"
+
+	"connectrpc.com/connect"
+	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1"
+	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1/kvpipev1connect"
+)
+
+// streamAhead is how many of a MatchStream's requests are read ahead of
+// the one being answered: while any wait, answers are not flushed one by
+// one but together, after the last.
+const streamAhead = 64
+
+// errDraining ends a MatchStream when the server drains, after the
+// answers to the requests it had read.
+var errDraining = connect.NewError(connect.CodeUnavailable,
+	errors.New("match stream: the server is shutting down; requests not answered were not read: send them to another server"))
+
+// streamConn is a MatchStream's own view of its HTTP exchange, set up by
+// the server's handler: the flush of each answer, which MatchStream holds
+// while more requests wait, and the request body, which it closes to stop
+// its reader when it ends first (the server draining).
+type streamConn struct {
+	http.ResponseWriter
+	body io.Closer
+	hold bool // set and read on the handler's goroutine only
+}
+
+func (c *streamConn) Flush() {
+	if !c.hold {
+		http.NewResponseController(c.ResponseWriter).Flush()
+	}
+}
+
+func (c *streamConn) Unwrap() http.ResponseWriter { return c.ResponseWriter }
+
+type streamConnKey struct{}
+
+// withStreamConn gives a MatchStream call its streamConn.
+func withStreamConn(w http.ResponseWriter, r *http.Request) (http.ResponseWriter, *http.Request) {
+	if r.URL.Path != kvpipev1connect.IndexServiceMatchStreamProcedure {
+		return w, r
+	}
+	c := &streamConn{ResponseWriter: w, body: r.Body}
+	return c, r.WithContext(context.WithValue(r.Context(), streamConnKey{}, c))
+}
+
+// MatchStream answers the stream's requests in order until the client
+// closes its side. A goroutine reads them ahead, so that a client with
+// several in flight has their answers written together. A draining server
+// answers the requests read and then ends the stream with Unavailable, at
+// once, even an idle one.
+func (s *service) MatchStream(ctx context.Context, stream *connect.BidiStream[kvpipev1.MatchRequest, kvpipev1.MatchResponse]) error {
+	c, ok := ctx.Value(streamConnKey{}).(*streamConn)
+	if !ok {
+		return connect.NewError(connect.CodeInternal, errors.New("match stream: served without the server's handler"))
+	}
+	reqs, stop := make(chan *kvpipev1.MatchRequest, streamAhead), make(chan struct{})
+	var readErr error
+	var wg sync.WaitGroup
+	wg.Go(func() { readErr = readRequests(stream, reqs, stop) })
+	err := s.answerStream(ctx, stream, c, reqs)
+	close(stop)
+	c.body.Close() // the reader may wait on the client
+	wg.Wait()
+	if err == nil {
+		err = readErr
+	}
+	return err
+}
+
+// readRequests sends the stream's requests on reqs until the client ends
+// its side (nil), the stream fails, or stop; then closes reqs.
+func readRequests(stream *connect.BidiStream[kvpipev1.MatchRequest, kvpipev1.MatchResponse], reqs chan<- *kvpipev1.MatchRequest, stop <-chan struct{}) error {
+	defer close(reqs)
+	for {
+		req, err := stream.Receive()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		select {
+		case reqs <- req:
+		case <-stop:
+			return nil
+		}
+	}
+}
+
+// answerStream answers reqs in order until it is closed, ctx ends or the
+// server drains; each answer is flushed unless another request waits.
+func (s *service) answerStream(ctx context.Context, stream *connect.BidiStream[kvpipev1.MatchRequest, kvpipev1.MatchResponse], c *streamConn, reqs <-chan *kvpipev1.MatchRequest) error {
+	h := stream.RequestHeader()
+	draining := false
+	for {
+		var req *kvpipev1.MatchRequest
+		ok := true
+		select {
+		case req, ok = <-reqs:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.closing:
+			draining = true
+		}
+		if draining { // answer what was read, no more
+			select {
+			case req, ok = <-reqs:
+			default:
+				return errDraining
+			}
+		}
+		if !ok {
+			return nil
+		}
+		a, err := refusedInPlace(s.match(ctx, h, req))
+		if err != nil {
+			return err
+		}
+		c.hold = len(reqs) > 0
+		if err := stream.Send(a); err != nil {
+			return err
+		}
+	}
+}
