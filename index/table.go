@@ -73,11 +73,17 @@ const (
 	// lookahead is how many keys a reader looks up, at most, before
 	// scoring them.
 	lookahead = 32
+	// cacheLine pads what readers load on every lookup away from what the
+	// writer stores on every op, so that a reader's load does not miss on
+	// a line the writer just wrote (nor a pin's add take it from the writer).
+	cacheLine = 64
 )
 
 // table is one version of a shard's index.
 type table struct {
+	_       [cacheLine]byte // readers' own line: the writer reads the fields below on every op
 	readers atomic.Int32    // readers that pinned this version
+	_       [cacheLine]byte
 	data    []atomic.Uint64 // size+1 entries of stride words: key, then bitset; entry size is key 0's
 	slots   []atomic.Uint32 // device tables: bitset slot -> WorkerID, as of this version
 	taken   []atomic.Uint64 // device tables: bit s set once slots[s] maps a worker in this version
@@ -196,6 +202,9 @@ func (t *table) scan(dst []Score, hashes []uint64, c, n int, active *[chunk]uint
 	var ents [lookahead]int
 	for i := 1; i < len(hashes); {
 		g := min(lookahead, len(hashes)-i)
+		for k := range g { // see bitsAt
+			t.touch(hashes[i+k])
+		}
 		for k := range g {
 			ents[k] = t.find(hashes[i+k])
 		}
@@ -239,27 +248,41 @@ func (t *table) bits(k uint64, w int) uint64 {
 	return 0
 }
 
+// bitsAt sets got[k] to word w of the bitset of hashes[at[k]], for k < g.
+// It loads every key's home entry before probing any: a probe's loop ends
+// on the value it loads, so probing straight away would wait for each
+// cache miss in turn (a mispredicted exit discards the loads issued past
+// it), where the loads alone overlap.
+func (t *table) bitsAt(got *[jumpAhead]uint64, hashes []uint64, at *[jumpAhead]int, g, w int) {
+	for k := range g {
+		t.touch(hashes[at[k]])
+	}
+	for k := range g {
+		got[k] = t.bits(hashes[at[k]], w)
+	}
+}
+
 // jump scores the workers of set, in word w, all holding hashes[0] and
 // closed: each holds the keys up to its score and none after, so it is
 // enough to read every jumpStep-th key, and to bisect the last step of a
-// worker that dropped out in it. The checkpoints are looked up jumpAhead
-// at a time, so that their cache misses overlap.
+// worker that dropped out in it. The first step's end is read alone (on
+// the trace, most matches end in that step), the next checkpoints
+// jumpAhead at a time, so that their cache misses overlap.
 func (t *table) jump(dst []Score, hashes []uint64, w int, set uint64) []Score {
 	last := len(hashes) - 1
 	var at [jumpAhead]int
 	var got [jumpAhead]uint64
+	ahead := 1 // most matches end in the first step: read its end alone
 	for lo := 0; set != 0 && lo < last; {
 		g := 0
-		for p := lo + jumpStep; g < jumpAhead; p += jumpStep {
+		for p := lo + jumpStep; g < ahead; p += jumpStep {
 			at[g] = min(p, last)
 			g++
 			if p >= last {
 				break
 			}
 		}
-		for k := range g {
-			got[k] = t.bits(hashes[at[k]], w)
-		}
+		t.bitsAt(&got, hashes, &at, g, w)
 		for k := 0; k < g && set != 0; k++ {
 			m := set & got[k]
 			if gone := set &^ m; gone != 0 {
@@ -267,6 +290,7 @@ func (t *table) jump(dst []Score, hashes []uint64, w int, set uint64) []Score {
 			}
 			set, lo = m, at[k]
 		}
+		ahead = jumpAhead
 	}
 	return t.emit(dst, set, w, len(hashes))
 }
@@ -444,10 +468,12 @@ func record(scores []Score, gone, first uint64, rank, t, blocks int) {
 // bookkeeping of it.
 type tierIx struct {
 	cur   atomic.Pointer[table] // the version readers pin
+	_     [cacheLine - 8]byte   // off the line of used and live, written on every new key
 	t     *table                // == cur.Load(), without the atomic
 	spare *table                // the last version unpublished, if small: reused once no reader holds it
 	used  int                   // entries of t with a key (key 0's aside), held or emptied
 	live  int                   // entries some worker holds, key 0's included
+	_     [cacheLine]byte       // what follows a tierIx in a writer is the readers' too
 }
 
 // pin returns the current version with its reader count held; the caller

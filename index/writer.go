@@ -25,8 +25,9 @@ type writer struct {
 	lower    [NumTiers - 1]atomic.Pointer[tierIx]
 	lowerSet atomic.Uint32 // bit t-1 set once lower[t-1] is published
 	opened   atomic.Uint64
-	capacity int    // a lower tier's first table's entries
-	gen      uint64 // the slot generation: see the memory order in table.go
+	_        [cacheLine]byte // the readers' fields above; the writer's alone below
+	capacity int             // a lower tier's first table's entries
+	gen      uint64          // the slot generation: see the memory order in table.go
 
 	holders  map[WorkerID]*holder
 	owner    []WorkerID // slot -> worker, where taken
@@ -75,6 +76,14 @@ func (w *writer) findMatches(dst []Score, hashes []uint64) []Score {
 	dst = t.match(dst, hashes, &w.opened)
 	unpin(t)
 	return dst
+}
+
+// touch loads k's home entry in the device's current version, so that its
+// cache miss overlaps other shards' work.
+func (w *writer) touch(k uint64) {
+	t := w.pin()
+	t.touch(k)
+	unpin(t)
 }
 
 // pinTiers pins the current version of every tier into ts (nil for a tier
