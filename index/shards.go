@@ -160,7 +160,9 @@ func (s *Shards) FindMatches(ctx context.Context, dst []Score, hashes []uint64) 
 		// matches end in that step, and its loads are most of a lookup.
 		k := hashes[min(jumpStep, len(hashes)-1)]
 		for _, sh := range s.shards {
-			sh.ix.touch(k)
+			t := sh.ix.pin() // the device's version: tiers come to it too
+			t.touch(k)
+			unpin(t)
 		}
 	}
 	for _, sh := range s.shards {

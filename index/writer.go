@@ -78,14 +78,6 @@ func (w *writer) findMatches(dst []Score, hashes []uint64) []Score {
 	return dst
 }
 
-// touch loads k's home entry in the device's current version, so that its
-// cache miss overlaps other shards' work.
-func (w *writer) touch(k uint64) {
-	t := w.pin()
-	t.touch(k)
-	unpin(t)
-}
-
 // pinTiers pins the current version of every tier into ts (nil for a tier
 // without a table), all of one slot generation. Lock-free: it retries only
 // if a version was published between its loads, and a new generation's are
