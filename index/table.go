@@ -73,17 +73,11 @@ const (
 	// lookahead is how many keys a reader looks up, at most, before
 	// scoring them.
 	lookahead = 32
-	// cacheLine pads what readers load on every lookup away from what the
-	// writer stores on every op, so that a reader's load does not miss on
-	// a line the writer just wrote (nor a pin's add take it from the writer).
-	cacheLine = 64
 )
 
 // table is one version of a shard's index.
 type table struct {
-	_       [cacheLine]byte // readers' own line: the writer reads the fields below on every op
 	readers atomic.Int32    // readers that pinned this version
-	_       [cacheLine]byte
 	data    []atomic.Uint64 // size+1 entries of stride words: key, then bitset; entry size is key 0's
 	slots   []atomic.Uint32 // device tables: bitset slot -> WorkerID, as of this version
 	taken   []atomic.Uint64 // device tables: bit s set once slots[s] maps a worker in this version
@@ -468,12 +462,10 @@ func record(scores []Score, gone, first uint64, rank, t, blocks int) {
 // bookkeeping of it.
 type tierIx struct {
 	cur   atomic.Pointer[table] // the version readers pin
-	_     [cacheLine - 8]byte   // off the line of used and live, written on every new key
 	t     *table                // == cur.Load(), without the atomic
 	spare *table                // the last version unpublished, if small: reused once no reader holds it
 	used  int                   // entries of t with a key (key 0's aside), held or emptied
 	live  int                   // entries some worker holds, key 0's included
-	_     [cacheLine]byte       // what follows a tierIx in a writer is the readers' too
 }
 
 // pin returns the current version with its reader count held; the caller

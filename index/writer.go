@@ -25,9 +25,8 @@ type writer struct {
 	lower    [NumTiers - 1]atomic.Pointer[tierIx]
 	lowerSet atomic.Uint32 // bit t-1 set once lower[t-1] is published
 	opened   atomic.Uint64
-	_        [cacheLine]byte // the readers' fields above; the writer's alone below
-	capacity int             // a lower tier's first table's entries
-	gen      uint64          // the slot generation: see the memory order in table.go
+	capacity int    // a lower tier's first table's entries
+	gen      uint64 // the slot generation: see the memory order in table.go
 
 	holders  map[WorkerID]*holder
 	owner    []WorkerID // slot -> worker, where taken
