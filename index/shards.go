@@ -155,6 +155,16 @@ func (s *Shards) FindMatches(ctx context.Context, dst []Score, hashes []uint64) 
 		return dst, err
 	}
 	start := len(dst)
+	if len(hashes) > 1 && len(s.shards) > 1 {
+		// The end of the first jump step, in every shard at once: most
+		// matches end in that step, and its loads are most of a lookup.
+		k := hashes[min(jumpStep, len(hashes)-1)]
+		for _, sh := range s.shards {
+			t := sh.ix.pin() // the device's version: tiers come to it too
+			t.touch(k)
+			unpin(t)
+		}
+	}
 	for _, sh := range s.shards {
 		from := len(dst)
 		dst = sh.ix.findMatches(dst, hashes)

@@ -196,6 +196,9 @@ func (t *table) scan(dst []Score, hashes []uint64, c, n int, active *[chunk]uint
 	var ents [lookahead]int
 	for i := 1; i < len(hashes); {
 		g := min(lookahead, len(hashes)-i)
+		for k := range g { // see bitsAt
+			t.touch(hashes[i+k])
+		}
 		for k := range g {
 			ents[k] = t.find(hashes[i+k])
 		}
@@ -239,27 +242,41 @@ func (t *table) bits(k uint64, w int) uint64 {
 	return 0
 }
 
+// bitsAt sets got[k] to word w of the bitset of hashes[at[k]], for k < g.
+// It loads every key's home entry before probing any: a probe's loop ends
+// on the value it loads, so probing straight away would wait for each
+// cache miss in turn (a mispredicted exit discards the loads issued past
+// it), where the loads alone overlap.
+func (t *table) bitsAt(got *[jumpAhead]uint64, hashes []uint64, at *[jumpAhead]int, g, w int) {
+	for k := range g {
+		t.touch(hashes[at[k]])
+	}
+	for k := range g {
+		got[k] = t.bits(hashes[at[k]], w)
+	}
+}
+
 // jump scores the workers of set, in word w, all holding hashes[0] and
 // closed: each holds the keys up to its score and none after, so it is
 // enough to read every jumpStep-th key, and to bisect the last step of a
-// worker that dropped out in it. The checkpoints are looked up jumpAhead
-// at a time, so that their cache misses overlap.
+// worker that dropped out in it. The first step's end is read alone (on
+// the trace, most matches end in that step), the next checkpoints
+// jumpAhead at a time, so that their cache misses overlap.
 func (t *table) jump(dst []Score, hashes []uint64, w int, set uint64) []Score {
 	last := len(hashes) - 1
 	var at [jumpAhead]int
 	var got [jumpAhead]uint64
+	ahead := 1 // most matches end in the first step: read its end alone
 	for lo := 0; set != 0 && lo < last; {
 		g := 0
-		for p := lo + jumpStep; g < jumpAhead; p += jumpStep {
+		for p := lo + jumpStep; g < ahead; p += jumpStep {
 			at[g] = min(p, last)
 			g++
 			if p >= last {
 				break
 			}
 		}
-		for k := range g {
-			got[k] = t.bits(hashes[at[k]], w)
-		}
+		t.bitsAt(&got, hashes, &at, g, w)
 		for k := 0; k < g && set != 0; k++ {
 			m := set & got[k]
 			if gone := set &^ m; gone != 0 {
@@ -267,6 +284,7 @@ func (t *table) jump(dst []Score, hashes []uint64, w int, set uint64) []Score {
 			}
 			set, lo = m, at[k]
 		}
+		ahead = jumpAhead
 	}
 	return t.emit(dst, set, w, len(hashes))
 }
