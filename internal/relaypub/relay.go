@@ -15,7 +15,7 @@ import (
 	"github.com/kvpipe/kvpipe/internal/opstream"
 	"github.com/kvpipe/kvpipe/internal/pace"
 	"github.com/kvpipe/kvpipe/relay"
-	"github.com/kvpipe/kvpipe/snapshot"
+	"github.com/kvpipe/kvpipe/internal/snapshot"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -542,8 +542,16 @@ func (ru *run) setUp(ctx context.Context) error {
 		for i := range s.Workers {
 			s.Workers[i].StreamSeq = 0
 		}
+		if data, err = snapshot.Append(data[:0], &s); err != nil {
+			return fmt.Errorf("relay: encoding the snapshot again: %w", err)
+		}
 	}
-	if err := ru.p.Restore(&s); err != nil {
+	var restored kvpipe.Snapshot
+	err = restored.UnmarshalBinary(data)
+	if err == nil {
+		err = ru.p.Restore(&restored)
+	}
+	if err != nil {
 		r.stats.snapshotIgnored.Add(1)
 		r.log.Error("kvpipe/relay: snapshot refused by the pipeline, workers resync from their engines", "err", err)
 		return nil
@@ -670,21 +678,12 @@ func (ru *run) snapshot(ctx context.Context) error {
 	if !info.Created.Equal(ru.created) {
 		return ErrStreamChanged
 	}
-	var s snapshot.Snapshot
+	var s kvpipe.Snapshot
 	if err := ru.p.Snapshot(ctx, &s); err != nil {
 		r.stats.snapshotErrors.Add(1)
 		return fmt.Errorf("relay: taking the snapshot: %w", err)
 	}
-	if s.Version == 0 {
-		s.Version = snapshot.Version
-	}
-	if s.BlockSize == 0 {
-		s.BlockSize = r.cfg.Pipeline.BlockSize
-	}
-	if s.Created == 0 {
-		s.Created = time.Now().UnixNano()
-	}
-	data, err := snapshot.Append(nil, &s)
+	data, err := s.AppendBinary(nil)
 	if err != nil {
 		r.stats.snapshotErrors.Add(1)
 		return fmt.Errorf("relay: encoding the snapshot: %w", err)
