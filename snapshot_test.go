@@ -13,8 +13,8 @@ import (
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/engineenc"
-	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/kvpipe/kvpipe/internal/snapshot"
+	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/kvpipe/kvpipe/wire"
 )
 

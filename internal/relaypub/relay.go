@@ -14,8 +14,8 @@ import (
 	"github.com/kvpipe/kvpipe/internal/conf"
 	"github.com/kvpipe/kvpipe/internal/opstream"
 	"github.com/kvpipe/kvpipe/internal/pace"
-	"github.com/kvpipe/kvpipe/relay"
 	"github.com/kvpipe/kvpipe/internal/snapshot"
+	"github.com/kvpipe/kvpipe/relay"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
