@@ -538,20 +538,7 @@ func (ru *run) setUp(ctx context.Context) error {
 			sameStream = false
 		}
 	}
-	if !sameStream {
-		for i := range s.Workers {
-			s.Workers[i].StreamSeq = 0
-		}
-		if data, err = snapshot.Append(data[:0], &s); err != nil {
-			return fmt.Errorf("relay: encoding the snapshot again: %w", err)
-		}
-	}
-	var restored kvpipe.Snapshot
-	err = restored.UnmarshalBinary(data)
-	if err == nil {
-		err = ru.p.Restore(&restored)
-	}
-	if err != nil {
+	if err := restorePipeline(ru.p, &s, data, sameStream); err != nil {
 		r.stats.snapshotIgnored.Add(1)
 		r.log.Error("kvpipe/relay: snapshot refused by the pipeline, workers resync from their engines", "err", err)
 		return nil
@@ -562,6 +549,25 @@ func (ru *run) setUp(ctx context.Context) error {
 	}
 	r.log.Info("kvpipe/relay: workers start from the snapshot", "workers", len(s.Workers), "same_stream", sameStream)
 	return nil
+}
+
+// restorePipeline restores p from s, decoded from data; unless sameStream,
+// with the workers' stream sequences cleared (see setUp).
+func restorePipeline(p *kvpipe.Pipeline, s *snapshot.Snapshot, data []byte, sameStream bool) error {
+	if !sameStream {
+		for i := range s.Workers {
+			s.Workers[i].StreamSeq = 0
+		}
+		var err error
+		if data, err = snapshot.Append(data[:0], s); err != nil {
+			return err
+		}
+	}
+	var restored kvpipe.Snapshot
+	if err := restored.UnmarshalBinary(data); err != nil {
+		return err
+	}
+	return p.Restore(&restored)
 }
 
 // placeRestored places each restored worker's publishing where its
