@@ -13,8 +13,8 @@ import (
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/engineenc"
+	"github.com/kvpipe/kvpipe/internal/snapshot"
 	"github.com/kvpipe/kvpipe/internal/wiretest"
-	"github.com/kvpipe/kvpipe/snapshot"
 	"github.com/kvpipe/kvpipe/wire"
 )
 
@@ -47,9 +47,9 @@ func (e *engine) remove(hashes ...uint64) {
 }
 
 // snapshotTo takes p's snapshot and saves it in a file.
-func snapshotTo(t *testing.T, p *Pipeline) snapshot.File {
+func snapshotTo(t *testing.T, p *Pipeline) FileStore {
 	t.Helper()
-	st := snapshot.File{Path: filepath.Join(t.TempDir(), "index.kvps")}
+	st := FileStore{Path: filepath.Join(t.TempDir(), "index.kvps")}
 	if err := p.SaveSnapshot(context.Background(), st); err != nil {
 		t.Fatal(err)
 	}
@@ -57,17 +57,17 @@ func snapshotTo(t *testing.T, p *Pipeline) snapshot.File {
 }
 
 // restoredPipeline runs a new pipeline from the snapshot in st.
-func restoredPipeline(t *testing.T, st snapshot.Store) *Pipeline {
+func restoredPipeline(t *testing.T, st Store) *Pipeline {
 	t.Helper()
 	p, err := New(Config{BlockSize: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var s snapshot.Snapshot
-	if _, err := snapshot.Load(context.Background(), st, &s, nil); err != nil {
+	s, err := LoadSnapshot(context.Background(), st)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Restore(&s); err != nil {
+	if err := p.Restore(s); err != nil {
 		t.Fatal(err)
 	}
 	return p
@@ -193,7 +193,7 @@ func TestRestoreErrors(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer p.Shutdown(context.Background())
-			err = p.Restore(&c.s)
+			err = p.Restore(&Snapshot{c.s})
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("Restore: %v, want an error naming %q", err, c.want)
 			}
@@ -204,10 +204,10 @@ func TestRestoreErrors(t *testing.T) {
 	}
 	p := startPipeline(t, Config{})
 	eventually(t, "running", nil, func() bool { return p.read.shards.Load() != nil })
-	if err := p.Restore(&good); err == nil {
+	if err := p.Restore(&Snapshot{good}); err == nil {
 		t.Error("Restore after Run: no error")
 	}
-	var s snapshot.Snapshot
+	var s Snapshot
 	idle, err := New(Config{BlockSize: 16})
 	if err != nil {
 		t.Fatal(err)
@@ -293,9 +293,9 @@ func TestSourceFeedsTheIndex(t *testing.T) {
 	if len(st.Workers) != 2 || st.Workers[1].Actor.TierBlocks[index.TierHost] != 3 {
 		t.Errorf("stats %+v, want two workers, remote's host tier of 3", st.Workers)
 	}
-	var snap snapshot.Snapshot
-	if err := p.Snapshot(context.Background(), &snap); err != nil || len(snap.Workers) != 0 {
-		t.Errorf("snapshot of source workers: %d workers, err %v; want none", len(snap.Workers), err)
+	var snap Snapshot
+	if err := p.Snapshot(context.Background(), &snap); err != nil || len(snap.s.Workers) != 0 {
+		t.Errorf("snapshot of source workers: %d workers, err %v; want none", len(snap.s.Workers), err)
 	}
 	if err := p.AddWorker("remote", WorkerConfig{Endpoint: freeTCP(t)}); err == nil {
 		t.Error("an engine worker took a source worker's name")
@@ -389,12 +389,12 @@ func TestPublishHook(t *testing.T) {
 			t.Fatal("nothing published")
 		}
 	}
-	var snap snapshot.Snapshot
+	var snap Snapshot
 	if err := p.Snapshot(context.Background(), &snap); err != nil {
 		t.Fatal(err)
 	}
-	if len(snap.Workers) != 1 || snap.Workers[0].StreamSeq != 2 || !snap.Workers[0].HasSeq || snap.Workers[0].Seq != 0 {
-		t.Fatalf("snapshot workers %+v, want a at seq 0, stream seq 2", snap.Workers)
+	if len(snap.s.Workers) != 1 || snap.s.Workers[0].StreamSeq != 2 || !snap.s.Workers[0].HasSeq || snap.s.Workers[0].Seq != 0 {
+		t.Fatalf("snapshot workers %+v, want a at seq 0, stream seq 2", snap.s.Workers)
 	}
 	if err := p.RemoveWorker(context.Background(), "a"); err != nil {
 		t.Fatal(err)
@@ -453,12 +453,12 @@ func TestRepublishAndFlush(t *testing.T) {
 	if err := Republish(context.Background(), p, "nobody"); !errors.Is(err, ErrNoWorker) {
 		t.Errorf("Republish of an unknown worker: %v, want ErrNoWorker", err)
 	}
-	var snap snapshot.Snapshot
+	var snap Snapshot
 	if err := p.Snapshot(context.Background(), &snap); err != nil {
 		t.Fatal(err)
 	}
-	if len(snap.Workers) != 1 || snap.Workers[0].StreamSeq != 42 {
-		t.Errorf("snapshot workers %+v, want a at stream seq 42, what Flush said", snap.Workers)
+	if len(snap.s.Workers) != 1 || snap.s.Workers[0].StreamSeq != 42 {
+		t.Errorf("snapshot workers %+v, want a at stream seq 42, what Flush said", snap.s.Workers)
 	}
 }
 
@@ -491,12 +491,12 @@ func TestRestoredWorkerWaitsForItsProof(t *testing.T) {
 			t.Fatal("an unproven restored worker is not partial")
 		}
 	}
-	var again snapshot.Snapshot
+	var again Snapshot
 	if err := p2.Snapshot(context.Background(), &again); err != nil {
 		t.Fatal(err)
 	}
-	if len(again.Workers) != 1 || again.Workers[0].Blocks() != 4 || again.Workers[0].Partial {
-		t.Errorf("a snapshot of the unproven worker: %d workers, %d blocks: want the restored state kept", len(again.Workers), again.Blocks())
+	if len(again.s.Workers) != 1 || again.s.Workers[0].Blocks() != 4 || again.s.Workers[0].Partial {
+		t.Errorf("a snapshot of the unproven worker: %d workers, %d blocks: want the restored state kept", len(again.s.Workers), again.Blocks())
 	}
 }
 
@@ -509,7 +509,7 @@ func TestSnapshotDuringShutdownFails(t *testing.T) {
 	holdABatch(t, e, h)
 	snapped := make(chan error, 1)
 	go func() {
-		var s snapshot.Snapshot
+		var s Snapshot
 		snapped <- p.Snapshot(context.Background(), &s)
 	}()
 	expired, cancel := context.WithCancel(context.Background())
@@ -570,15 +570,16 @@ func TestRestoreCopiesTheSnapshot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Restore(&s); err != nil {
+	in := &Snapshot{s}
+	if err := p.Restore(in); err != nil {
 		t.Fatal(err)
 	}
-	s.Workers[0].Name[0], s.Workers[0].Keys[0] = 'b', 3
+	in.s.Workers[0].Name[0], in.s.Workers[0].Keys[0] = 'b', 3
 	runUntilCleanup(t, p)
-	var got snapshot.Snapshot
+	var got Snapshot
 	eventually(t, "running", nil, func() bool { return p.Snapshot(context.Background(), &got) == nil })
-	if len(got.Workers) != 1 || string(got.Workers[0].Name) != "a" || got.Workers[0].Keys[0] != 2 {
-		t.Errorf("snapshot after the caller changed its copy: %+v, want worker a with key 2, not yet added, kept", got.Workers)
+	if len(got.s.Workers) != 1 || string(got.s.Workers[0].Name) != "a" || got.s.Workers[0].Keys[0] != 2 {
+		t.Errorf("snapshot after the caller changed its copy: %+v, want worker a with key 2, not yet added, kept", got.s.Workers)
 	}
 }
 

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/kvpipe/kvpipe/index"
-	"github.com/kvpipe/kvpipe/snapshot"
+	"github.com/kvpipe/kvpipe/internal/snapshot"
 	"github.com/kvpipe/kvpipe/wire"
 )
 
@@ -45,10 +45,37 @@ func (f FileStore) Load(ctx context.Context, dst []byte) ([]byte, error) {
 	return snapshot.File(f).Load(ctx, dst)
 }
 
+// Snapshot is a pipeline's saved state: the index and, per engine worker,
+// what it needs to go on from it (its block mapping, last seq and that
+// batch's fingerprint), in kvpipe's own versioned, checksummed format
+// (docs/FORMAT.md §12). Pipeline.Snapshot and LoadSnapshot fill one,
+// Restore starts workers from one; its bytes can be kept anywhere. The zero
+// Snapshot holds no workers.
+type Snapshot struct {
+	s snapshot.Snapshot
+}
+
+// AppendBinary appends s's encoded form to dst and returns the result.
+func (s *Snapshot) AppendBinary(dst []byte) ([]byte, error) {
+	return snapshot.Append(dst, &s.s)
+}
+
+// UnmarshalBinary decodes and checks data into s, reusing s's slices; s
+// does not keep data. On an error, s's contents are unspecified.
+func (s *Snapshot) UnmarshalBinary(data []byte) error {
+	return snapshot.Decode(data, &s.s)
+}
+
+// Workers returns the number of workers s holds.
+func (s *Snapshot) Workers() int { return len(s.s.Workers) }
+
+// Blocks returns the number of engine blocks s holds, over all workers.
+func (s *Snapshot) Blocks() int { return s.s.Blocks() }
+
 // LoadSnapshot reads and checks the state st keeps, for Restore.
-func LoadSnapshot(ctx context.Context, st Store) (*snapshot.Snapshot, error) {
-	s := new(snapshot.Snapshot)
-	if _, err := snapshot.Load(ctx, st, s, nil); err != nil {
+func LoadSnapshot(ctx context.Context, st Store) (*Snapshot, error) {
+	s := new(Snapshot)
+	if _, err := snapshot.Load(ctx, st, &s.s, nil); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -56,11 +83,11 @@ func LoadSnapshot(ctx context.Context, st Store) (*snapshot.Snapshot, error) {
 
 // SaveSnapshot takes a Snapshot and saves it in st.
 func (p *Pipeline) SaveSnapshot(ctx context.Context, st Store) error {
-	var s snapshot.Snapshot
+	var s Snapshot
 	if err := p.Snapshot(ctx, &s); err != nil {
 		return err
 	}
-	_, err := snapshot.Save(ctx, st, &s, nil)
+	_, err := snapshot.Save(ctx, st, &s.s, nil)
 	return err
 }
 
@@ -73,11 +100,12 @@ func (p *Pipeline) SaveSnapshot(ctx context.Context, st Store) error {
 // pipeline stops meanwhile. A Source's workers are not in it: their state
 // is their stream's. It must not be called from Observe or a Tap, which
 // run in the goroutines it waits for.
-func (p *Pipeline) Snapshot(ctx context.Context, dst *snapshot.Snapshot) error {
+func (p *Pipeline) Snapshot(ctx context.Context, snap *Snapshot) error {
 	list, waiting, runCtx, err := p.snapshotWorkers()
 	if err != nil {
 		return err
 	}
+	dst := &snap.s
 	*dst = snapshot.Snapshot{Version: snapshot.Version, BlockSize: p.cfg.BlockSize, KeySeed: index.Seed, Created: time.Now().UnixNano(),
 		Workers: growWorkers(dst.Workers, len(list))}
 	taken := make([]bool, len(list))
@@ -219,7 +247,8 @@ func growWorkers(ws []snapshot.Worker, n int) []snapshot.Worker {
 // be called before Run, and s is checked whole first: on an error nothing
 // of it is used. The pipeline keeps a copy of each worker until it is
 // added (also after Run), and Snapshot includes those not added yet.
-func (p *Pipeline) Restore(s *snapshot.Snapshot) error {
+func (p *Pipeline) Restore(snap *Snapshot) error {
+	s := &snap.s
 	if err := s.Check(); err != nil {
 		return fmt.Errorf("kvpipe: restore: %w", err)
 	}

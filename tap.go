@@ -5,7 +5,7 @@ import (
 
 	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/index"
-	"github.com/kvpipe/kvpipe/snapshot"
+	"github.com/kvpipe/kvpipe/internal/snapshot"
 	"github.com/kvpipe/kvpipe/wire"
 )
 

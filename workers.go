@@ -11,7 +11,7 @@ import (
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/conf"
 	"github.com/kvpipe/kvpipe/internal/predict"
-	"github.com/kvpipe/kvpipe/snapshot"
+	"github.com/kvpipe/kvpipe/internal/snapshot"
 	"github.com/kvpipe/kvpipe/supervisor"
 	"github.com/kvpipe/kvpipe/wire"
 )

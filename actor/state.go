@@ -2,7 +2,7 @@ package actor
 
 import (
 	"github.com/kvpipe/kvpipe/index"
-	"github.com/kvpipe/kvpipe/snapshot"
+	"github.com/kvpipe/kvpipe/internal/snapshot"
 )
 
 // Export writes the actor's state into w (all but its name and stream

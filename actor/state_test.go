@@ -13,7 +13,7 @@ import (
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"github.com/kvpipe/kvpipe/internal/sim"
-	"github.com/kvpipe/kvpipe/snapshot"
+	"github.com/kvpipe/kvpipe/internal/snapshot"
 	"github.com/kvpipe/kvpipe/wire"
 )
 

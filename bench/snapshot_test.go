@@ -6,7 +6,7 @@ import (
 
 	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/index"
-	"github.com/kvpipe/kvpipe/snapshot"
+	"github.com/kvpipe/kvpipe/internal/snapshot"
 )
 
 // BenchmarkSnapshot: the state the trace leaves in eight workers' actors,

@@ -257,7 +257,7 @@ func parseTag(tag []byte) EventType {
 	case "AllBlocksCleared":
 		return AllBlocksCleared
 	}
-	return EventUnknown
+	return eventUnknown
 }
 
 // field names an event field; decoding switches on it rather than on the
@@ -395,7 +395,7 @@ func (d *Decoder) decodeMapEvent(p []byte, e *Event, b *Batch) ([]byte, bool, er
 		return body, false, err
 	}
 	e.Type = parseTag(tag)
-	if e.Type == EventUnknown {
+	if e.Type == eventUnknown {
 		rest, err := msgp.Skip(p)
 		return rest, false, err
 	}

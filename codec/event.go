@@ -4,9 +4,9 @@ package codec
 type EventType uint8
 
 const (
-	// EventUnknown marks an event whose tag this version does not know;
+	// eventUnknown marks an event whose tag this version does not know;
 	// Decode skips such events and counts them in Batch.Skipped.
-	EventUnknown EventType = iota
+	eventUnknown EventType = iota
 	BlockStored
 	BlockRemoved
 	AllBlocksCleared

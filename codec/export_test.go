@@ -13,6 +13,7 @@ const (
 	SnapshotChunkRecords    = snapshotChunkRecords
 	EpochTopicMarker        = epochTopicMarker
 	SnapshotTopicMarker     = snapshotTopicMarker
+	EventUnknown            = eventUnknown
 
 	RawUint  = rawUint
 	RawStr   = rawStr

@@ -245,7 +245,7 @@ func BenchmarkShardsFindMatchesTiered(b *testing.B) {
 			ctx := context.Background()
 			var hostNodes int64
 			for i := range n {
-				hostNodes += s.TierNodes(i, TierHost)
+				hostNodes += s.tierNodes(i, TierHost)
 			}
 			if hostNodes == 0 {
 				b.Fatal("nothing offloaded")

@@ -121,10 +121,10 @@ func (s *Shards) QueueDepth(i int) int { return len(s.shards[i].in) }
 // of its last applied batch.
 func (s *Shards) Nodes(i int) int64 { return s.shards[i].nodes[TierDevice].Load() }
 
-// TierNodes reports how many blocks some worker of shard i holds in tier t
-// (TierNodes(i, TierDevice) is Nodes(i)), as of its last applied batch; 0
+// tierNodes reports how many blocks some worker of shard i holds in tier t
+// (tierNodes(i, TierDevice) is Nodes(i)), as of its last applied batch; 0
 // for an invalid tier.
-func (s *Shards) TierNodes(i int, t Tier) int64 {
+func (s *Shards) tierNodes(i int, t Tier) int64 {
 	if t >= NumTiers {
 		return 0
 	}

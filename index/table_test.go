@@ -535,7 +535,7 @@ func TestShardsWorkerChurnAgainstTree(t *testing.T) {
 		for tier := range Tier(NumTiers) {
 			var nodes int64
 			for i := range n {
-				nodes += s.TierNodes(i, tier)
+				nodes += s.tierNodes(i, tier)
 			}
 			if want := perShardNodes(ref, n, tier); nodes != want {
 				t.Fatalf("round %d: %v nodes %d, tree says %d", round, tier, nodes, want)

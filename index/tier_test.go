@@ -122,13 +122,13 @@ func TestTieredOps(t *testing.T) {
 			for tier := range Tier(NumTiers) {
 				var sn int64
 				for i := range s.Len() {
-					sn += s.TierNodes(i, tier)
+					sn += s.tierNodes(i, tier)
 				}
 				if ref.TierNodes(tier) != tc.nodes[tier] || w.tierNodes(tier) != tc.nodes[tier] || sn != int64(tc.nodes[tier]) {
 					t.Errorf("%v nodes: tree %d, table %d, shards %d, want %d", tier, ref.TierNodes(tier), w.tierNodes(tier), sn, tc.nodes[tier])
 				}
 			}
-			if s.TierNodes(0, NumTiers) != 0 {
+			if s.tierNodes(0, NumTiers) != 0 {
 				t.Error("an invalid tier has nodes")
 			}
 		})

@@ -19,8 +19,8 @@ func newDesc(name, help string, typ prometheus.ValueType, labels ...string) desc
 	return desc{prometheus.NewDesc("kvpipe_"+name, help, labels, nil), typ}
 }
 
-// Collector turns a pipeline's Stats into metrics at every scrape.
-type Collector struct {
+// collector turns a pipeline's Stats into metrics at every scrape.
+type collector struct {
 	stats                                                                                                        func() kvpipe.Stats
 	latency                                                                                                      *prometheus.Desc
 	counters                                                                                                     []workerMetric
@@ -35,8 +35,8 @@ type workerMetric struct {
 // NewCollector returns a collector calling stats at every scrape: for a
 // pipeline, NewCollector(p.Stats). The caller registers it (and may
 // unregister it once the pipeline has stopped).
-func NewCollector(stats func() kvpipe.Stats) *Collector {
-	c := &Collector{stats: stats}
+func NewCollector(stats func() kvpipe.Stats) prometheus.Collector {
+	c := &collector{stats: stats}
 	c.latency = prometheus.NewDesc("kvpipe_find_matches_duration_seconds", "Time to answer FindMatches across every shard.", nil, nil)
 	counter := func(name, help string, value func(w *kvpipe.WorkerStats) uint64) {
 		c.counters = append(c.counters, workerMetric{newDesc(name, help, prometheus.CounterValue, "worker"), value})
@@ -89,7 +89,7 @@ func NewCollector(stats func() kvpipe.Stats) *Collector {
 	return c
 }
 
-func (c *Collector) all() []desc {
+func (c *collector) all() []desc {
 	out := []desc{c.events, c.filtered, c.protocol, c.indexed, c.tiers, c.partial, c.eagle, c.predicted, c.connected, c.queue, c.nodes, c.shardUnknown}
 	for _, m := range c.counters {
 		out = append(out, m.desc)
@@ -98,7 +98,7 @@ func (c *Collector) all() []desc {
 }
 
 // Describe implements prometheus.Collector.
-func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range c.all() {
 		ch <- d.d
 	}
@@ -106,7 +106,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 // Collect implements prometheus.Collector.
-func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	snap := c.stats()
 	emit := func(d desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d.d, d.typ, v, labels...)
@@ -151,7 +151,7 @@ func gauge(b bool) float64 {
 }
 
 // collectLatency emits FindMatches' durations as a histogram.
-func (c *Collector) collectLatency(ch chan<- prometheus.Metric, l kvpipe.Latency) {
+func (c *collector) collectLatency(ch chan<- prometheus.Metric, l kvpipe.Latency) {
 	buckets := make(map[float64]uint64, len(kvpipe.LatencyBounds))
 	var n uint64
 	for i, b := range kvpipe.LatencyBounds {

@@ -13,7 +13,7 @@ import (
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/opstream"
 	"github.com/kvpipe/kvpipe/internal/pace"
-	"github.com/kvpipe/kvpipe/snapshot"
+	"github.com/kvpipe/kvpipe/internal/snapshot"
 	"github.com/nats-io/nats.go/jetstream"
 )
 

@@ -3,19 +3,19 @@ package relay
 import (
 	"context"
 
+	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/internal/opstream"
-	"github.com/kvpipe/kvpipe/snapshot"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
 // ObjectStore keeps a snapshot as one object of a JetStream object store:
-// a snapshot.Store for a router's saved state, beside a relay's.
+// a kvpipe.Store for a router's saved state, beside a relay's.
 type ObjectStore struct {
 	obs    jetstream.ObjectStore
 	object string
 }
 
-var _ snapshot.Store = (*ObjectStore)(nil)
+var _ kvpipe.Store = (*ObjectStore)(nil)
 
 // NewObjectStore returns the Store of the object named object in obs.
 func NewObjectStore(obs jetstream.ObjectStore, object string) *ObjectStore {
@@ -30,9 +30,9 @@ func (s *ObjectStore) Save(ctx context.Context, data []byte) error {
 }
 
 // Load appends the snapshot's bytes to dst; the error wraps
-// snapshot.ErrNotFound when there is none. The bytes are checked against
-// the object's SHA-256 digest: a read cut short or damaged is an error
-// wrapping snapshot.ErrCorrupt, not a shorter snapshot.
+// kvpipe.ErrNoSnapshot when there is none. The bytes are checked against
+// the object's SHA-256 digest: a read cut short or damaged is an error,
+// not a shorter snapshot.
 func (s *ObjectStore) Load(ctx context.Context, dst []byte) ([]byte, error) {
 	dst, _, err := opstream.LoadSnapshot(ctx, s.obs, s.object, dst)
 	return dst, err

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/kvpipe/kvpipe/internal/opstream"
-	"github.com/kvpipe/kvpipe/snapshot"
+	"github.com/kvpipe/kvpipe/internal/snapshot"
 	"github.com/nats-io/nats.go/jetstream"
 )
 

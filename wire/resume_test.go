@@ -21,9 +21,9 @@ func TestResumeFromASnapshot(t *testing.T) {
 		wantReset *ResetReason
 		from      int // the first batch delivered
 	}{
-		{"proven", true, func() uint64 { return Fingerprint(body(4)) }, nil, 5},
-		{"another incarnation", true, func() uint64 { return Fingerprint([]byte("not batch 4")) }, ptr(ResetRestart), 0},
-		{"no replay endpoint", false, func() uint64 { return Fingerprint(body(4)) }, ptr(ResetUnproven), -1},
+		{"proven", true, func() uint64 { return fingerprint(body(4)) }, nil, 5},
+		{"another incarnation", true, func() uint64 { return fingerprint([]byte("not batch 4")) }, ptr(ResetRestart), 0},
+		{"no replay endpoint", false, func() uint64 { return fingerprint(body(4)) }, ptr(ResetUnproven), -1},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -75,7 +75,7 @@ func TestResumeFromASnapshot(t *testing.T) {
 			if err := s.Checkpoint(context.Background(), func(p Position) { pos = p }); err != nil {
 				t.Fatal(err)
 			}
-			if want := (Position{Seq: 9, Fingerprint: Fingerprint(body(9)), Known: true}); pos != want {
+			if want := (Position{Seq: 9, Fingerprint: fingerprint(body(9)), Known: true}); pos != want {
 				t.Errorf("position %+v, want %+v", pos, want)
 			}
 		})

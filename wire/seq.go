@@ -34,7 +34,7 @@ type seqTracker struct {
 // Fingerprint is what identifies a batch across a replay. Engines stamp every
 // batch with a float timestamp, so a restarted engine's batch at the same seq
 // has another fingerprint even when its events are the same.
-func Fingerprint(payload []byte) uint64 { return xxh3.Hash(payload) }
+func fingerprint(payload []byte) uint64 { return xxh3.Hash(payload) }
 
 // classify reports what seq means without applying it.
 func (t *seqTracker) classify(seq uint64) seqOutcome {
@@ -53,7 +53,7 @@ func (t *seqTracker) classify(seq uint64) seqOutcome {
 
 // apply records the batch seq, received live, as the last applied.
 func (t *seqTracker) apply(seq uint64, payload []byte) {
-	t.last, t.fp, t.fpKnown, t.dupFloor, t.started = seq, Fingerprint(payload), true, seq, true
+	t.last, t.fp, t.fpKnown, t.dupFloor, t.started = seq, fingerprint(payload), true, seq, true
 }
 
 // anchor places the stream at seq without its batch, as after a snapshot
@@ -66,14 +66,14 @@ func (t *seqTracker) anchor(seq, floor uint64) {
 // learn takes payload as the batch at the last seq, when it was not seen.
 func (t *seqTracker) learn(payload []byte) {
 	if !t.fpKnown {
-		t.fp, t.fpKnown = Fingerprint(payload), true
+		t.fp, t.fpKnown = fingerprint(payload), true
 	}
 }
 
 // proves reports whether payload, the engine's batch at the last seq, is the
 // one applied.
 func (t *seqTracker) proves(payload []byte) bool {
-	return !t.fpKnown || Fingerprint(payload) == t.fp
+	return !t.fpKnown || fingerprint(payload) == t.fp
 }
 
 // applyReplayed records the batch seq, received through a replay that may
@@ -82,7 +82,7 @@ func (t *seqTracker) applyReplayed(seq uint64, payload []byte, floor uint64) {
 	if !t.started || floor < t.dupFloor {
 		t.dupFloor = floor
 	}
-	t.last, t.fp, t.fpKnown, t.started = seq, Fingerprint(payload), true, true
+	t.last, t.fp, t.fpKnown, t.started = seq, fingerprint(payload), true, true
 }
 
 // latest returns the last applied seq and whether there is one.

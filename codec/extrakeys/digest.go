@@ -68,9 +68,6 @@ func (d *Digest) Raw(tag byte, data []byte, v uint64) {
 	d.fold(kindRaw, tag, xxh3.Hash(data), v)
 }
 
-// Len is the number of entries and pieces added.
-func (d *Digest) Len() int { return int(d.n) }
-
 // Sum is the digest: 0 if nothing was added, otherwise never 0.
 func (d *Digest) Sum() uint64 {
 	if d.n == 0 {

@@ -36,7 +36,6 @@ import (
 	"github.com/kvpipe/kvpipe/internal/sim"
 	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/kvpipe/kvpipe/metrics"
-	"github.com/kvpipe/kvpipe/snapshot"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -358,7 +357,7 @@ type router struct {
 
 // startRouter runs a Pipeline on the engines, restored from snap when it
 // is not nil, and waits until it is connected to each of them.
-func startRouter(ctx context.Context, o options, engines []*engine, reg prometheus.Registerer, snap *snapshot.Snapshot, stderr io.Writer) (*router, error) {
+func startRouter(ctx context.Context, o options, engines []*engine, reg prometheus.Registerer, snap *kvpipe.Snapshot, stderr io.Writer) (*router, error) {
 	cfg := kvpipe.Config{BlockSize: o.blockSize, Shards: o.shards,
 		Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
 	if o.burst > 0 { // the TTLs are of trace time too

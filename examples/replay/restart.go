@@ -10,7 +10,6 @@ import (
 
 	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/internal/sim"
-	"github.com/kvpipe/kvpipe/snapshot"
 )
 
 // restartRun is what one replay with a router restart measured.
@@ -102,7 +101,7 @@ func replayWithRestart(ctx context.Context, o options, reqs []sim.Request, at in
 
 // restart stops the first router, saving its snapshot in store first when
 // asked, and loads it back for the second.
-func restart(ctx context.Context, first *router, withSnapshot bool, store kvpipe.Store, out *restartRun) (*snapshot.Snapshot, error) {
+func restart(ctx context.Context, first *router, withSnapshot bool, store kvpipe.Store, out *restartRun) (*kvpipe.Snapshot, error) {
 	if withSnapshot {
 		t0 := time.Now()
 		if err := first.p.SaveSnapshot(ctx, store); err != nil {
@@ -114,9 +113,12 @@ func restart(ctx context.Context, first *router, withSnapshot bool, store kvpipe
 		return nil, err
 	}
 	t0 := time.Now()
-	snap := new(snapshot.Snapshot)
-	data, err := snapshot.Load(ctx, store, snap, nil)
+	data, err := store.Load(ctx, nil)
 	if err != nil {
+		return nil, err
+	}
+	snap := new(kvpipe.Snapshot)
+	if err := snap.UnmarshalBinary(data); err != nil {
 		return nil, err
 	}
 	out.load, out.bytes, out.blocks = time.Since(t0), len(data), snap.Blocks()

@@ -164,7 +164,7 @@ func appendMapGroup(dst []byte, e *codec.Event) []byte {
 func appendArrayEvent(dst []byte, e *codec.Event, l Layout) []byte {
 	t := e.Type
 	slots := slotsOf(t)
-	if slots == nil { // EventUnknown has no encoding; appendMapEvent does the same
+	if slots == nil { // an unknown event type has no encoding; appendMapEvent does the same
 		t = codec.AllBlocksCleared
 		slots = slotsOf(t)
 	}

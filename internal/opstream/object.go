@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/kvpipe/kvpipe/snapshot"
+	"github.com/kvpipe/kvpipe/internal/snapshot"
 	"github.com/nats-io/nats.go/jetstream"
 )
 

@@ -14,8 +14,8 @@ import (
 	"github.com/kvpipe/kvpipe/internal/conf"
 	"github.com/kvpipe/kvpipe/internal/opstream"
 	"github.com/kvpipe/kvpipe/internal/pace"
+	"github.com/kvpipe/kvpipe/internal/snapshot"
 	"github.com/kvpipe/kvpipe/relay"
-	"github.com/kvpipe/kvpipe/snapshot"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -534,12 +534,7 @@ func (ru *run) setUp(ctx context.Context) error {
 			sameStream = false
 		}
 	}
-	if !sameStream {
-		for i := range s.Workers {
-			s.Workers[i].StreamSeq = 0
-		}
-	}
-	if err := ru.p.Restore(&s); err != nil {
+	if err := restorePipeline(ru.p, &s, data, sameStream); err != nil {
 		r.stats.snapshotIgnored.Add(1)
 		r.log.Error("kvpipe/relay: snapshot refused by the pipeline, workers resync from their engines", "err", err)
 		return nil
@@ -550,6 +545,25 @@ func (ru *run) setUp(ctx context.Context) error {
 	}
 	r.log.Info("kvpipe/relay: workers start from the snapshot", "workers", len(s.Workers), "same_stream", sameStream)
 	return nil
+}
+
+// restorePipeline restores p from s, decoded from data; unless sameStream,
+// with the workers' stream sequences cleared (see setUp).
+func restorePipeline(p *kvpipe.Pipeline, s *snapshot.Snapshot, data []byte, sameStream bool) error {
+	if !sameStream {
+		for i := range s.Workers {
+			s.Workers[i].StreamSeq = 0
+		}
+		var err error
+		if data, err = snapshot.Append(data[:0], s); err != nil {
+			return err
+		}
+	}
+	var restored kvpipe.Snapshot
+	if err := restored.UnmarshalBinary(data); err != nil {
+		return err
+	}
+	return p.Restore(&restored)
 }
 
 // placeRestored places each restored worker's publishing where its
@@ -666,21 +680,12 @@ func (ru *run) snapshot(ctx context.Context) error {
 	if !info.Created.Equal(ru.created) {
 		return ErrStreamChanged
 	}
-	var s snapshot.Snapshot
+	var s kvpipe.Snapshot
 	if err := ru.p.Snapshot(ctx, &s); err != nil {
 		r.stats.snapshotErrors.Add(1)
 		return fmt.Errorf("relay: taking the snapshot: %w", err)
 	}
-	if s.Version == 0 {
-		s.Version = snapshot.Version
-	}
-	if s.BlockSize == 0 {
-		s.BlockSize = r.cfg.Pipeline.BlockSize
-	}
-	if s.Created == 0 {
-		s.Created = time.Now().UnixNano()
-	}
-	data, err := snapshot.Append(nil, &s)
+	data, err := s.AppendBinary(nil)
 	if err != nil {
 		r.stats.snapshotErrors.Add(1)
 		return fmt.Errorf("relay: encoding the snapshot: %w", err)

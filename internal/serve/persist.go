@@ -31,7 +31,7 @@ func (s *Server) load(ctx context.Context) error {
 			if err := s.cfg.Pipeline.Restore(snap); err != nil {
 				return fmt.Errorf("serve: snapshot %s: %w", s.cfg.Snapshot, err)
 			}
-			s.cfg.Logger.Info("serve: snapshot restored", "workers", len(snap.Workers), "blocks", snap.Blocks())
+			s.cfg.Logger.Info("serve: snapshot restored", "workers", snap.Workers(), "blocks", snap.Blocks())
 		}
 		if saved, err = s.readWorkers(); err != nil {
 			return err

@@ -11,7 +11,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1"
-	"github.com/kvpipe/kvpipe/snapshot"
+	"github.com/kvpipe/kvpipe/internal/snapshot"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -233,11 +233,21 @@ func (s *service) dump(ctx context.Context, name string, send func(*kvpipev1.Dum
 	if s.spec(name) == nil {
 		return connect.NewError(connect.CodeNotFound, fmt.Errorf("dump: no registered worker %q (a relay's workers are dumped at the relay)", name))
 	}
-	var snap snapshot.Snapshot
+	var taken kvpipe.Snapshot
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := s.p.Snapshot(sctx, &snap); err != nil {
+	if err := s.p.Snapshot(sctx, &taken); err != nil {
 		return pipelineError(err)
+	}
+	// The worker's columns are the format's own: read them back from its
+	// bytes, the one form the pipeline hands out.
+	var snap snapshot.Snapshot
+	data, err := taken.AppendBinary(nil)
+	if err == nil {
+		err = snapshot.Decode(data, &snap)
+	}
+	if err != nil {
+		return connect.NewError(connect.CodeInternal, fmt.Errorf("dump: %w", err))
 	}
 	i := slices.IndexFunc(snap.Workers, func(w snapshot.Worker) bool { return string(w.Name) == name })
 	if i < 0 {

@@ -37,7 +37,7 @@ type Worker struct {
 	// without allocating.
 	Name []byte `msg:"name"`
 	// HasSeq: Seq is the last engine batch applied and Fingerprint its
-	// wire.Fingerprint; a restored worker proves continuity from them.
+	// fingerprint (the xxh3 of its payload); a restored worker proves continuity from them.
 	HasSeq      bool   `msg:"has_seq"`
 	Seq         uint64 `msg:"seq"`
 	Fingerprint uint64 `msg:"fingerprint"`
