@@ -13,7 +13,7 @@ import (
 	gocmp "github.com/google/go-cmp/cmp"
 	"github.com/tinylib/msgp/msgp"
 
-	"github.com/kvpipe/kvpipe/codec/extrakeys"
+	"github.com/kvpipe/kvpipe/internal/extrakeys"
 )
 
 // fullBatch sets every field the format has, each to a value that tells it apart.

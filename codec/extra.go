@@ -7,7 +7,7 @@ import (
 
 	"github.com/tinylib/msgp/msgp"
 
-	"github.com/kvpipe/kvpipe/codec/extrakeys"
+	"github.com/kvpipe/kvpipe/internal/extrakeys"
 )
 
 // Extra keys (docs/FORMAT.md §10.3). One entry of a block's extra_keys is,

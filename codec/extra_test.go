@@ -8,7 +8,7 @@ import (
 
 	"github.com/tinylib/msgp/msgp"
 
-	"github.com/kvpipe/kvpipe/codec/extrakeys"
+	"github.com/kvpipe/kvpipe/internal/extrakeys"
 )
 
 // digestOf is the Sum of a digest built by add.

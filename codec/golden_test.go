@@ -13,7 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
-	"github.com/kvpipe/kvpipe/codec/extrakeys"
+	"github.com/kvpipe/kvpipe/internal/extrakeys"
 )
 
 // readHex reads an annotated hex file: '#' starts a comment, white space is ignored.

@@ -1,6 +1,6 @@
 package index
 
-import "github.com/kvpipe/kvpipe/codec/extrakeys"
+import "github.com/kvpipe/kvpipe/internal/extrakeys"
 
 // EAGLE windows (docs/FORMAT.md §10.5). An engine running EAGLE-family speculative decoding
 // (SGLang's --speculative-algorithm EAGLE, EAGLE3, NEXTN, FROZEN_KV_MTP)

@@ -5,7 +5,7 @@ import (
 
 	"github.com/zeebo/xxh3"
 
-	"github.com/kvpipe/kvpipe/codec/extrakeys"
+	"github.com/kvpipe/kvpipe/internal/extrakeys"
 )
 
 // Seed is the xxh3 seed of router block hashes, dynamo's, so that a block's

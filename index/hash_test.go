@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvpipe/kvpipe/codec/extrakeys"
 	"github.com/kvpipe/kvpipe/internal/enginepeer"
+	"github.com/kvpipe/kvpipe/internal/extrakeys"
 )
 
 // The token hash must equal what a Python or Rust router computes with the
