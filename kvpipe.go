@@ -21,7 +21,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/wire"
 )
@@ -42,7 +41,7 @@ type Config struct {
 	// (device 1, host 0.8, disk 0.5, remote 0.3).
 	TierWeights Weights
 	// MaxWorkerBlocks bounds the engine blocks one worker may have indexed
-	// (default actor.DefaultMaxBlocks, 4 Mi: 64 M tokens at 16 per block,
+	// (default 4 Mi: 64 M tokens at 16 per block,
 	// far above any engine's cache), so that an engine that stores and
 	// never removes cannot grow the router without limit. Past it the
 	// worker's new blocks are refused (filtered as block_cap) and it is
@@ -89,11 +88,11 @@ type Backpressure uint8
 const (
 	// Block waits for the shard, and so stops reading the engine's socket:
 	// the loss, if any, shows as a seq gap, which replay recovers.
-	Block Backpressure = Backpressure(actor.Block)
+	Block Backpressure = iota
 	// Drop discards the batch, counts it, and resyncs the worker: its
 	// entries are cleared with the next batch its shard takes, and it is
 	// left out of answers until then.
-	Drop Backpressure = Backpressure(actor.Drop)
+	Drop
 )
 
 // WorkerConfig is one engine's connection.

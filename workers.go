@@ -229,7 +229,7 @@ func (p *Pipeline) start(w *worker) {
 // runs in w's goroutine, before its subscriber.
 func (w *worker) prepare(ctx context.Context, cfg *Config, shard chan<- *index.Batch, from *snapshot.Worker) {
 	ac := actor.Config{Worker: w.id, Name: w.name, BlockSize: cfg.BlockSize,
-		Shard: shard, Backpressure: actor.Backpressure(cfg.Backpressure), Weights: index.Weights(cfg.TierWeights), MaxBlocks: cfg.MaxWorkerBlocks,
+		Shard: shard, Drop: cfg.Backpressure == Drop, Weights: index.Weights(cfg.TierWeights), MaxBlocks: cfg.MaxWorkerBlocks,
 		Done: ctx.Done(), Logger: cfg.Logger, Eagle: w.eagleCfg}
 	w.tap = tapped{tap: cfg.Tap, ctx: ctx, name: w.name}
 	if cfg.Tap != nil {

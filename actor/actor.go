@@ -11,19 +11,6 @@ import (
 	"github.com/kvpipe/kvpipe/wire"
 )
 
-// Backpressure says what the actor does when its shard is behind.
-type Backpressure uint8
-
-const (
-	// Block waits for the shard, and so stops reading the socket: the loss,
-	// if any, then shows upstream as a seq gap, which wire recovers.
-	Block Backpressure = iota
-	// Drop discards the batch's ops, counts them, and resyncs the worker in
-	// the index (its entries cleared) with the next batch that gets through,
-	// or alone once the shard has room (HandleIdle); Stale until then.
-	Drop
-)
-
 // Config configures the actor of one worker.
 type Config struct {
 	Worker    index.WorkerID
@@ -33,8 +20,14 @@ type Config struct {
 	// workers). Its capacity bounds the actor's batches in flight: the actor
 	// makes batches as needed, up to that many and two more (one being
 	// applied, one being filled), and reuses them once applied.
-	Shard        chan<- *index.Batch
-	Backpressure Backpressure
+	Shard chan<- *index.Batch
+	// Drop says what the actor does when its shard is behind. False: it
+	// waits for the shard, and so stops reading the socket; the loss, if
+	// any, then shows upstream as a seq gap, which wire recovers. True: it
+	// discards the batch's ops, counts them, and resyncs the worker in the
+	// index (its entries cleared) with the next batch that gets through, or
+	// alone once the shard has room (HandleIdle); Stale until then.
+	Drop bool
 	// Weights are the router's tier weights (index.Score.Weighted); a tier
 	// weighted 0 is not indexed, its events filtered as LowerTier. The zero
 	// value means index.DefaultWeights.
@@ -44,7 +37,7 @@ type Config struct {
 	// the router's), so that an engine that stores without removing cannot
 	// grow the router without limit. Past it, a store's new blocks are
 	// refused (the event counted as BlockCap) and the worker is partial
-	// until a clear. 0 means DefaultMaxBlocks.
+	// until a clear. 0 means 4 Mi (defaultMaxBlocks).
 	MaxBlocks int
 	// Done, when closed, abandons a send the shard is not taking: the worker
 	// is stopping, and its entries go with it.
@@ -61,11 +54,11 @@ type Config struct {
 	Eagle bool
 }
 
-// DefaultMaxBlocks is Config.MaxBlocks' default: 4 Mi engine blocks, 64 M
+// defaultMaxBlocks is Config.MaxBlocks' default: 4 Mi engine blocks, 64 M
 // tokens at 16 per block. A 141 GB accelerator holds about a million tokens
 // of an 8B model's KV cache, a host tier of 2 TB some 16 M, so no real
 // engine comes near it.
-const DefaultMaxBlocks = 1 << 22
+const defaultMaxBlocks = 1 << 22
 
 // Actor normalises one worker's events into index ops: it decodes each
 // batch, filters what a prefix index must not hold (each drop counted by
@@ -102,7 +95,7 @@ func New(cfg Config) *Actor {
 		cfg.Done = make(chan struct{}) // never closed
 	}
 	if cfg.MaxBlocks <= 0 {
-		cfg.MaxBlocks = DefaultMaxBlocks
+		cfg.MaxBlocks = defaultMaxBlocks
 	}
 	if cfg.Weights == (index.Weights{}) {
 		cfg.Weights = index.DefaultWeights

@@ -36,17 +36,17 @@ func FuzzActor(f *testing.F) {
 		f.Add(engineenc.AppendBatch(nil, &b, engineenc.Layout{ArrayEvents: true}))
 	}
 	f.Fuzz(func(t *testing.T, payload []byte) {
-		for _, bp := range []Backpressure{Block, Drop} {
-			checkOps(t, payload, bp)
+		for _, drop := range []bool{false, true} {
+			checkOps(t, payload, drop)
 		}
 	})
 }
 
-func checkOps(t *testing.T, payload []byte, bp Backpressure) {
+func checkOps(t *testing.T, payload []byte, drop bool) {
 	ch := make(chan *index.Batch, 1)
 	done := make(chan struct{})
-	close(done) // Block then gives up on a full queue rather than hang the fuzzer
-	a := New(Config{Worker: 1, BlockSize: 16, Shard: ch, Backpressure: bp, Done: done})
+	close(done) // blocking then gives up on a full queue rather than hang the fuzzer
+	a := New(Config{Worker: 1, BlockSize: 16, Shard: ch, Drop: drop, Done: done})
 	var held [index.NumTiers]map[uint64]int // key -> stores not yet removed
 	for i := range held {
 		held[i] = map[uint64]int{}

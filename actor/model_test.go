@@ -73,7 +73,7 @@ func TestPipelineAgainstEngines(t *testing.T) {
 // worker is resynced (cleared) with the next batch that gets through.
 func TestDropBackpressure(t *testing.T) {
 	ch := make(chan *index.Batch) // no buffer and nobody reading: always full
-	a := New(Config{Worker: 1, BlockSize: 16, Shard: ch, Backpressure: Drop})
+	a := New(Config{Worker: 1, BlockSize: 16, Shard: ch, Drop: true})
 	payload := engineenc.AppendBatch(nil, &codec.Batch{Events: []codec.Event{stored(1, 16)}}, engineenc.CurrentVLLM)
 	a.HandleBatch(0, payload)
 	a.HandleBatch(1, payload)

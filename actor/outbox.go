@@ -99,7 +99,7 @@ func (o *outbox) flush() {
 		return
 	default:
 	}
-	if o.cfg.Backpressure == Block {
+	if !o.cfg.Drop {
 		select {
 		case o.cfg.Shard <- b:
 			o.sent()

@@ -64,7 +64,7 @@ func TestDropOverloadAllocatesNothing(t *testing.T) {
 		t.Skip("the race detector allocates; test.sh runs this without it")
 	}
 	ch := make(chan *index.Batch, 2) // filled below, never read
-	a := New(Config{Worker: 1, BlockSize: 16, Shard: ch, Backpressure: Drop})
+	a := New(Config{Worker: 1, BlockSize: 16, Shard: ch, Drop: true})
 	// Each batch stores and removes one block, so each has ops to flush.
 	remove := codec.Event{Type: codec.BlockRemoved, BlockHashes: []uint64{1}}
 	payload := engineenc.AppendBatch(nil, &codec.Batch{Events: []codec.Event{stored(1, 16), remove}}, engineenc.CurrentVLLM)
@@ -105,7 +105,7 @@ func TestStoppingWorkerStillSendsWhatFits(t *testing.T) {
 // takes it out again.
 func TestDropBetweenBatchesKeepsTheMappingTrue(t *testing.T) {
 	ch := make(chan *index.Batch, 1)
-	a := New(Config{Worker: 1, BlockSize: 16, Shard: ch, Backpressure: Drop})
+	a := New(Config{Worker: 1, BlockSize: 16, Shard: ch, Drop: true})
 	ch <- &index.Batch{} // the shard is behind
 	a.out.out = a.out.take()
 	for range maxOps { // and the batch being filled is full
