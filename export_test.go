@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/seam"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -22,13 +23,20 @@ func withMetrics(t testing.TB, p *Pipeline) *prometheus.Registry {
 	return reg
 }
 
-// tapFuncs is a Tap of two functions, as the tests write them.
+// tapFuncs is a Tap of functions, as the tests write them.
 type tapFuncs struct {
-	ops   func(ctx context.Context, worker string, ops []index.Op, o Origin) uint64
+	bind  func(republish seam.Republish)
+	ops   func(ctx context.Context, worker string, ops []index.Op, o seam.Origin) uint64
 	flush func(ctx context.Context, worker string) (uint64, error)
 }
 
-func (t tapFuncs) Ops(ctx context.Context, worker string, ops []index.Op, o Origin) uint64 {
+func (t tapFuncs) Bind(republish seam.Republish) {
+	if t.bind != nil {
+		t.bind(republish)
+	}
+}
+
+func (t tapFuncs) Ops(ctx context.Context, worker string, ops []index.Op, o seam.Origin) uint64 {
 	return t.ops(ctx, worker, ops, o)
 }
 

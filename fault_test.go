@@ -60,6 +60,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -75,6 +76,7 @@ import (
 	"github.com/kvpipe/kvpipe/internal/faultproxy"
 	"github.com/kvpipe/kvpipe/internal/sim"
 	"github.com/kvpipe/kvpipe/internal/wiretest"
+	"github.com/kvpipe/kvpipe/internal/zmtp"
 	"github.com/kvpipe/kvpipe/internal/ztest"
 	"github.com/kvpipe/kvpipe/wire"
 	"github.com/prometheus/client_golang/prometheus"
@@ -1953,7 +1955,7 @@ func faultSilentReplay(t *testing.T, mode faultParams) {
 	st := w.stats(e)
 	t.Logf("after the gap: live batches applied again %v later; abandoned %d, unreachable %d, handshake timeouts %d, lost %d, partial %v (since start %v)",
 		after.Round(time.Millisecond), st.Wire.ReplayAbandoned, st.Wire.ReplayUnreachable,
-		st.Wire.ProtocolErrors[wire.ProtoHandshakeTimeout], st.Wire.Lost, st.Actor.Partial, time.Since(start).Round(time.Millisecond))
+		st.Wire.ProtocolErrors[slices.Index(wire.ProtocolErrorKinds[:], zmtp.KindHandshakeTimeout)], st.Wire.Lost, st.Actor.Partial, time.Since(start).Round(time.Millisecond))
 	if after > 2500*time.Millisecond {
 		t.Errorf("after the gap, live batches waited %v for a replay endpoint that never completed its handshake", after.Round(time.Millisecond))
 	}

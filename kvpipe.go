@@ -16,12 +16,12 @@
 package kvpipe
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 	"time"
 
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/seam"
 	"github.com/kvpipe/kvpipe/wire"
 )
 
@@ -74,9 +74,10 @@ type Config struct {
 	// during the call. It must not block, nor call Shutdown or RemoveWorker:
 	// both wait for the goroutine it runs on.
 	Observe func(worker string, seq uint64, payload []byte)
-	// Tap, when set, sees every worker's ops before its shard does (a relay
-	// publishes them); see Tap. It needs Backpressure Block.
-	Tap Tap
+	// Tap is kvpipe relay's, which publishes every worker's ops (a router
+	// leaves it nil): it sees them before the worker's shard does. It needs
+	// Backpressure Block.
+	Tap seam.Tap
 	// Source, when set, feeds the index with ops normalised elsewhere (a
 	// relay's follower); Run runs it beside the workers.
 	Source Source
@@ -155,36 +156,3 @@ var (
 	// ErrNotRunning is returned by Snapshot before Run.
 	ErrNotRunning = errors.New("kvpipe: pipeline not running")
 )
-
-// A Tap sees each engine worker's ops on their way to its shard, in the
-// worker's goroutine: a relay publishes them to a stream. Its calls for one
-// worker never overlap; ctx ends when the worker stops.
-type Tap interface {
-	// Ops gets one batch of ops the worker hands its shard (only valid
-	// during the call) and returns the position it reached, which the
-	// worker's saved state keeps (a relay's stream sequence). A removed
-	// worker's last call has the one op index.OpRemoveWorker.
-	Ops(ctx context.Context, worker string, ops []index.Op, o Origin) uint64
-	// Flush returns once every batch given to Ops is stored, with the
-	// position that covers them; Snapshot calls it in the worker's
-	// goroutine once the worker's state is captured, and an error fails
-	// the snapshot.
-	Flush(ctx context.Context, worker string) (uint64, error)
-}
-
-// Origin says where a batch of ops given to a Tap came from.
-type Origin struct {
-	// Batch: the ops come from the engine batch Seq, whose payload has
-	// Fingerprint; Part counts the batches of ops it made (0 first). Else
-	// they come from a reset, a recovery, an engine's snapshot or a start
-	// afresh. (What an imported snapshot puts back is not tapped: the
-	// Tap had it when it was made.)
-	Batch       bool
-	Seq         uint64
-	Fingerprint uint64
-	Part        int
-	Partial     bool // the worker's Partial once the ops are applied
-	// Whole: the ops are a part of the worker's whole state, a clear first,
-	// as Republish makes it.
-	Whole bool
-}

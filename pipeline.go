@@ -82,6 +82,9 @@ func New(cfg Config) (*Pipeline, error) {
 	p.read.scores.New = func() any { return new([]index.Score) }
 	p.read.weights = cfg.TierWeights
 	p.publish()
+	if cfg.Tap != nil {
+		cfg.Tap.Bind(p.republish)
+	}
 	return p, nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/engineenc"
+	"github.com/kvpipe/kvpipe/internal/seam"
 )
 
 // clock is a settable clock for the predictions' TTLs.
@@ -299,7 +300,7 @@ func clearBatch() []byte {
 func TestPredictionsOfSourceWorkersStayLocal(t *testing.T) {
 	src := source{ops: make(chan fedOps)}
 	var tapped atomic.Int64
-	tap := tapFuncs{ops: func(_ context.Context, _ string, ops []index.Op, _ Origin) uint64 {
+	tap := tapFuncs{ops: func(_ context.Context, _ string, ops []index.Op, _ seam.Origin) uint64 {
 		tapped.Add(int64(len(ops)))
 		return 0
 	}}

@@ -13,6 +13,7 @@ import (
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/engineenc"
+	"github.com/kvpipe/kvpipe/internal/seam"
 	"github.com/kvpipe/kvpipe/internal/snapshot"
 	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/kvpipe/kvpipe/wire"
@@ -361,7 +362,7 @@ func TestPublishHook(t *testing.T) {
 	calls := make(chan call, 1000)
 	var seq uint64 // only the worker's goroutine, then the remover, call it
 	p := startPipeline(t, Config{Tap: tapFuncs{
-		ops: func(_ context.Context, worker string, ops []index.Op, _ Origin) uint64 {
+		ops: func(_ context.Context, worker string, ops []index.Op, _ seam.Origin) uint64 {
 			calls <- call{worker, append([]index.Op(nil), ops...)}
 			seq++
 			return seq
@@ -411,11 +412,13 @@ func TestPublishHook(t *testing.T) {
 func TestRepublishAndFlush(t *testing.T) {
 	type call struct {
 		ops []index.Op
-		o   Origin
+		o   seam.Origin
 	}
 	calls := make(chan call, 1000)
+	var republish seam.Republish
 	p := startPipeline(t, Config{Tap: tapFuncs{
-		ops: func(_ context.Context, _ string, ops []index.Op, o Origin) uint64 {
+		bind: func(r seam.Republish) { republish = r },
+		ops: func(_ context.Context, _ string, ops []index.Op, o seam.Origin) uint64 {
 			calls <- call{append([]index.Op(nil), ops...), o}
 			return 1
 		},
@@ -436,7 +439,10 @@ func TestRepublishAndFlush(t *testing.T) {
 			t.Fatal("nothing published")
 		}
 	}
-	if err := Republish(context.Background(), p, "a"); err != nil {
+	if republish == nil {
+		t.Fatal("New did not bind the Tap to the pipeline")
+	}
+	if err := republish(context.Background(), "a"); err != nil {
 		t.Fatal(err)
 	}
 	c := <-calls
@@ -450,7 +456,7 @@ func TestRepublishAndFlush(t *testing.T) {
 	if c.ops[0].Kind != index.OpClearWorker || !slices.Equal(got, want) || !c.o.Whole || c.o.Partial {
 		t.Errorf("republished %+v (%+v), want a clear then the stores of %v, whole and not partial", c.ops, c.o, keys)
 	}
-	if err := Republish(context.Background(), p, "nobody"); !errors.Is(err, ErrNoWorker) {
+	if err := republish(context.Background(), "nobody"); !errors.Is(err, ErrNoWorker) {
 		t.Errorf("Republish of an unknown worker: %v, want ErrNoWorker", err)
 	}
 	var snap Snapshot

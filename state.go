@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/seam"
 	"github.com/kvpipe/kvpipe/internal/snapshot"
 	"github.com/kvpipe/kvpipe/wire"
 )
@@ -158,7 +159,7 @@ func (p *Pipeline) snapshotWorkers() (list []*worker, waiting []snapshot.Worker,
 
 // capture takes w's part of a snapshot into ws, in w's goroutine. It
 // reports false for a worker removed meanwhile, left out.
-func (w *worker) capture(ctx context.Context, tap Tap, ws *snapshot.Worker) (bool, error) {
+func (w *worker) capture(ctx context.Context, tap seam.Tap, ws *snapshot.Worker) (bool, error) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(w.ctx, cancel)() // removed meanwhile: leave it out
@@ -187,17 +188,9 @@ func (w *worker) capture(ctx context.Context, tap Tap, ws *snapshot.Worker) (boo
 	return taken, nil
 }
 
-// Republish makes p's worker name hand the Tap its whole state again, from
-// its own goroutine: a clear, then a store of every block it is indexed
-// in, in parts of a shard batch's size. A relay whose
-// stream holds a worker's messages out of order starts a true copy again
-// from there, and the worker stays whole. It returns once the parts are
-// tapped, or with ctx's error. (A function, not a method: the relay's
-// alone needs it, and Pipeline keeps to the router's methods.)
-func Republish(ctx context.Context, p *Pipeline, name string) error {
-	if p.cfg.Tap == nil {
-		return errors.New("kvpipe: Republish needs a Tap")
-	}
+// republish is the seam.Republish New binds a Tap to: the relay's alone,
+// so unexported, as Pipeline's methods are the router's.
+func (p *Pipeline) republish(ctx context.Context, name string) error {
 	p.mu.Lock()
 	w, ok := p.workers[name]
 	var wCtx context.Context

@@ -5,6 +5,7 @@ import (
 
 	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/seam"
 	"github.com/kvpipe/kvpipe/internal/snapshot"
 	"github.com/kvpipe/kvpipe/wire"
 )
@@ -17,11 +18,11 @@ const republishPart = 256
 // the ops being made come from, and the position the Tap last returned
 // (or the restored snapshot's), which the worker's saved state keeps.
 type tapped struct {
-	tap       Tap // nil without one
+	tap       seam.Tap // nil without one
 	ctx       context.Context
 	name      string
 	a         *actor.Actor
-	origin    Origin
+	origin    seam.Origin
 	streamSeq uint64
 }
 
@@ -42,7 +43,7 @@ func (t *tapped) republish(scratch *snapshot.Worker) {
 	ops[0] = index.Op{Kind: index.OpClearWorker}
 	for ops := scratch.AppendOps(ops); len(ops) > 0; {
 		n := min(len(ops), republishPart)
-		o := Origin{Whole: true, Partial: scratch.Partial || n < len(ops)}
+		o := seam.Origin{Whole: true, Partial: scratch.Partial || n < len(ops)}
 		t.streamSeq = t.tap.Ops(t.ctx, t.name, ops[:n], o)
 		ops = ops[n:]
 	}
@@ -58,7 +59,7 @@ type tappedHandler struct {
 }
 
 func (h tappedHandler) HandleBatch(seq uint64, payload []byte) {
-	h.t.origin = Origin{Batch: true, Seq: seq, Fingerprint: h.pos().Fingerprint}
-	defer func() { h.t.origin = Origin{} }() // what follows is of no engine batch, until the next one
+	h.t.origin = seam.Origin{Batch: true, Seq: seq, Fingerprint: h.pos().Fingerprint}
+	defer func() { h.t.origin = seam.Origin{} }() // what follows is of no engine batch, until the next one
 	h.Handler.HandleBatch(seq, payload)
 }

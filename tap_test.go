@@ -10,6 +10,7 @@ import (
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/engineenc"
+	"github.com/kvpipe/kvpipe/internal/seam"
 	"github.com/kvpipe/kvpipe/internal/sim"
 	"github.com/kvpipe/kvpipe/internal/snapshot"
 	"github.com/kvpipe/kvpipe/wire"
@@ -18,7 +19,7 @@ import (
 // tapPart is one call of a Tap's Ops.
 type tapPart struct {
 	ops []index.Op
-	o   Origin
+	o   seam.Origin
 }
 
 // tapFingerprint stands for the subscriber's fingerprint of the batch a
@@ -29,7 +30,7 @@ const tapFingerprint = 0xf19e7
 // their origin, to parts; the Tap returns how many parts it has.
 func newTapped(shard chan *index.Batch, parts *[]tapPart) (*tapped, wire.Handler) {
 	t := &tapped{ctx: context.Background(), name: "w"}
-	t.tap = tapFuncs{ops: func(_ context.Context, _ string, ops []index.Op, o Origin) uint64 {
+	t.tap = tapFuncs{ops: func(_ context.Context, _ string, ops []index.Op, o seam.Origin) uint64 {
 		*parts = append(*parts, tapPart{slices.Clone(ops), o})
 		return uint64(100 + len(*parts))
 	}}
@@ -71,12 +72,12 @@ func TestTapSeesEachBatchsOrigin(t *testing.T) {
 	h.HandleReset(wire.ResetRestart)
 	drain(ch, nil)
 	const fp = tapFingerprint
-	want := []Origin{
+	want := []seam.Origin{
 		{Batch: true, Seq: 7, Fingerprint: fp, Part: 0, Partial: true},
 		{Batch: true, Seq: 7, Fingerprint: fp, Part: 1, Partial: true},
 		{Partial: true},
 	}
-	var got []Origin
+	var got []seam.Origin
 	for _, p := range parts {
 		got = append(got, p.o)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/conf"
 	"github.com/kvpipe/kvpipe/internal/predict"
+	"github.com/kvpipe/kvpipe/internal/seam"
 	"github.com/kvpipe/kvpipe/internal/snapshot"
 	"github.com/kvpipe/kvpipe/supervisor"
 	"github.com/kvpipe/kvpipe/wire"
@@ -181,7 +182,7 @@ func (p *Pipeline) leave(runCtx context.Context, shards *index.Shards, w *worker
 	ops := []index.Op{{Kind: index.OpRemoveWorker}} // which ends its predictions too
 	if p.cfg.Tap != nil && !w.approx {              // a Tap never saw it
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(runCtx), p.cfg.RemovalTimeout)
-		p.cfg.Tap.Ops(ctx, w.name, ops, Origin{})
+		p.cfg.Tap.Ops(ctx, w.name, ops, seam.Origin{})
 		cancel()
 	}
 	shards.Queue(w.id) <- &index.Batch{Worker: w.id, Ops: ops}
@@ -246,7 +247,7 @@ func (w *worker) prepare(ctx context.Context, cfg *Config, shard chan<- *index.B
 	case cfg.Tap != nil:
 		// What the stream held of it is not this worker's: the Tap's first
 		// op clears it there (the shard holds nothing of a new worker).
-		cfg.Tap.Ops(ctx, w.name, []index.Op{{Kind: index.OpClearWorker}}, Origin{Partial: a.Partial()})
+		cfg.Tap.Ops(ctx, w.name, []index.Op{{Kind: index.OpClearWorker}}, seam.Origin{Partial: a.Partial()})
 	}
 }
 

@@ -3,10 +3,12 @@ package metrics
 import (
 	"github.com/kvpipe/kvpipe"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/kvpipe/kvpipe/actor"
+	"github.com/kvpipe/kvpipe/internal/zmtp"
 	"github.com/kvpipe/kvpipe/wire"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -25,7 +27,7 @@ func TestCollectorReadsTheCountersAtScrape(t *testing.T) {
 	ws.Connected = true
 	as.Filtered[actor.PartialBlock] = 7
 	as.IndexedBlocks = 12
-	ws.ProtocolErrors[wire.ProtoOversize] = 3
+	ws.ProtocolErrors[slices.Index(wire.ProtocolErrorKinds[:], zmtp.KindOversize)] = 3
 	ws.ReplayUnreachable = 5
 	as.Partial = true
 	snap.Workers[0].Predictions = kvpipe.PredictionStats{Live: 6, Dropped: 2}

@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/binary"
 	"runtime"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/kvpipe/kvpipe/internal/wiretest"
+	"github.com/kvpipe/kvpipe/internal/zmtp"
 	"github.com/kvpipe/kvpipe/internal/ztest"
 )
 
@@ -32,9 +34,9 @@ func TestOversizeFrameCostsOneConnection(t *testing.T) {
 	runtime.ReadMemStats(&before)
 	s, _ := startSubscriber(t, Config{Endpoint: ep})
 	deadline := time.Now().Add(10 * time.Second)
-	for s.Stats().ProtocolErrors[ProtoOversize] < 3 {
+	for s.Stats().ProtocolErrors[kindIndex(zmtp.KindOversize)] < 3 {
 		if time.Now().After(deadline) {
-			t.Fatalf("protocol errors %v, want 3 oversize", s.Stats().ProtocolErrors[ProtoOversize])
+			t.Fatalf("protocol errors %v, want 3 oversize", s.Stats().ProtocolErrors[kindIndex(zmtp.KindOversize)])
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -61,7 +63,7 @@ func TestSilentPeersAreBoundedInTime(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- s.Run(ctx, newRecorder()) }()
-		for s.Stats().ProtocolErrors[ProtoHandshakeTimeout] < 2 {
+		for s.Stats().ProtocolErrors[kindIndex(zmtp.KindHandshakeTimeout)] < 2 {
 			time.Sleep(10 * time.Millisecond)
 		}
 		time.Sleep(30 * time.Millisecond) // likely inside a handshake again
@@ -84,9 +86,12 @@ func TestSilentPeersAreBoundedInTime(t *testing.T) {
 			t.Fatalf("got %+v, want a gap_lost reset after the patience", c)
 		}
 		expectBatches(t, rec, last+2, string(body(1)))
-		if st := s.Stats(); st.ProtocolErrors[ProtoHandshakeTimeout] < 1 || st.ReplayUnreachable < 1 || st.Lost != 1 {
+		if st := s.Stats(); st.ProtocolErrors[kindIndex(zmtp.KindHandshakeTimeout)] < 1 || st.ReplayUnreachable < 1 || st.Lost != 1 {
 			t.Errorf("handshake timeouts %d, unreachable %d, lost %d; want >= 1, >= 1, 1",
-				st.ProtocolErrors[ProtoHandshakeTimeout], st.ReplayUnreachable, st.Lost)
+				st.ProtocolErrors[kindIndex(zmtp.KindHandshakeTimeout)], st.ReplayUnreachable, st.Lost)
 		}
 	})
 }
+
+// kindIndex is where Stats.ProtocolErrors counts the kind named kind.
+func kindIndex(kind string) int { return slices.Index(ProtocolErrorKinds[:], kind) }

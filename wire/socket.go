@@ -35,25 +35,22 @@ func validateEndpoint(ep string) error {
 	return nil
 }
 
-// Protocol error kinds, as counted in Stats.ProtocolErrors.
-const (
-	ProtoGreeting         = iota // not a ZMTP 3.x NULL greeting
-	ProtoOversize                // a frame or message over MaxMessage
-	ProtoBadFlags                // reserved flag bits, or a command with MORE
-	ProtoBadCommand              // no READY first, or a malformed command
-	ProtoHandshakeTimeout        // no READY within HandshakeTimeout
-	NumProtocolErrors
-)
+// numProtocolErrors is how many kinds of protocol error Stats.ProtocolErrors
+// tells apart.
+const numProtocolErrors = 5
 
-// ProtocolErrorKinds names the protocol error kinds, for metrics labels.
-var ProtocolErrorKinds = [NumProtocolErrors]string{zmtp.KindGreeting, zmtp.KindOversize,
+// ProtocolErrorKinds names the protocol error kinds, in Stats.ProtocolErrors'
+// order, for metrics labels: a greeting that is not ZMTP 3.x NULL, a frame
+// or message over MaxMessage, reserved flag bits or a command with MORE,
+// no READY first or a malformed command, no READY within HandshakeTimeout.
+var ProtocolErrorKinds = [numProtocolErrors]string{zmtp.KindGreeting, zmtp.KindOversize,
 	zmtp.KindBadFlags, zmtp.KindBadCommand, zmtp.KindHandshakeTimeout}
 
 // guard is what a dial checks the peer against, and where it counts what
 // the peer broke.
 type guard struct {
 	limits zmtp.Limits
-	errors *[NumProtocolErrors]atomic.Uint64
+	errors *[numProtocolErrors]atomic.Uint64
 }
 
 // report is called on zmq4's connection goroutines: it only counts.

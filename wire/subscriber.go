@@ -166,8 +166,9 @@ type Stats struct {
 	Restarts         uint64 // another publisher incarnation detected
 	Reconnects       uint64 // SUB sockets rebuilt after a failure or idle
 	// ProtocolErrors counts connections closed because the peer broke ZMTP
-	// or the message limit, by kind (ProtocolErrorKinds).
-	ProtocolErrors [NumProtocolErrors]uint64
+	// or the message limit, by kind: ProtocolErrors[k] counts the kind
+	// ProtocolErrorKinds[k] names.
+	ProtocolErrors [numProtocolErrors]uint64
 	Connected      bool // a SUB connection is up (Add leaves it alone)
 }
 
@@ -204,7 +205,7 @@ type counters struct {
 	ReplayAbandoned                               atomic.Uint64
 	LiveOverflow, Snapshots, SnapshotFailures     atomic.Uint64
 	Restarts, Reconnects                          atomic.Uint64
-	ProtocolErrors                                [NumProtocolErrors]atomic.Uint64
+	ProtocolErrors                                [numProtocolErrors]atomic.Uint64
 	Connected                                     atomic.Bool
 }
 

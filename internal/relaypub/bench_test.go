@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/index"
+	"github.com/kvpipe/kvpipe/internal/seam"
 	"github.com/kvpipe/kvpipe/relay"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -90,7 +91,7 @@ func benchPublish(b *testing.B, window, workers int) {
 			name := fmt.Sprintf("w%d", w)
 			for i := range per {
 				sent[w] = append(sent[w], time.Now())
-				ru.Ops(ctx, name, ops, kvpipe.Origin{Batch: true, Seq: uint64(i), Fingerprint: uint64(i)})
+				ru.Ops(ctx, name, ops, seam.Origin{Batch: true, Seq: uint64(i), Fingerprint: uint64(i)})
 			}
 			if _, err := ru.Flush(ctx, name); err != nil {
 				b.Error(err)

@@ -10,6 +10,7 @@ import (
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/opstream"
 	"github.com/kvpipe/kvpipe/internal/pace"
+	"github.com/kvpipe/kvpipe/internal/seam"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -142,7 +143,7 @@ func (ru *run) forget(worker string, ps *pubState) {
 // (flush tells a snapshot the one covering this message). It waits only
 // while the worker's window is full, and, for a removal, until the stream
 // has it.
-func (ru *run) Ops(ctx context.Context, worker string, ops []index.Op, o kvpipe.Origin) uint64 {
+func (ru *run) Ops(ctx context.Context, worker string, ops []index.Op, o seam.Origin) uint64 {
 	r := ru.r
 	ps, ok := ru.state(ctx, worker)
 	if !ok {
@@ -197,7 +198,7 @@ func (ru *run) Ops(ctx context.Context, worker string, ops []index.Op, o kvpipe.
 // pipeline starts a tapped worker afresh): the same in every relay, so it
 // gets an id every relay gives it, and a second relay following the engine
 // from its start shares the first one's ids from there on.
-func (ps *pubState) identify(r *Relay, o kvpipe.Origin, ops []index.Op, msg []byte) {
+func (ps *pubState) identify(r *Relay, o seam.Origin, ops []index.Op, msg []byte) {
 	start := ps.fresh && !o.Batch && len(ops) == 1 && ops[0].Kind == index.OpClearWorker
 	ps.fresh = false
 	switch {
@@ -424,7 +425,7 @@ func (ru *run) ack(worker string, ps *pubState, e *entry) *jetstream.PubAck {
 // part handles a worker whose ops no longer follow what the stream holds
 // of it: applied after those, they would count blocks twice or miss
 // removes. The worker publishes nothing more until it is reset in the
-// stream: it publishes its whole state (kvpipe.Republish: a clear, then
+// stream: it publishes its whole state (seam.Republish: a clear, then
 // every block it holds), which every router applies afresh. Should that
 // fail, it is removed (every router drops its entries) and added again,
 // to start from its engine.
@@ -441,7 +442,7 @@ func (ru *run) part(worker string, ps *pubState, why string) {
 		// Republish waits for, up to RepublishTimeout or the worker's stop.
 		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.RepublishTimeout)
 		defer cancel()
-		err := kvpipe.Republish(ctx, ru.p, worker)
+		err := ru.republish(ctx, worker)
 		if err == nil {
 			r.stats.republished.Add(1)
 		}

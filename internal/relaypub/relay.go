@@ -14,6 +14,7 @@ import (
 	"github.com/kvpipe/kvpipe/internal/conf"
 	"github.com/kvpipe/kvpipe/internal/opstream"
 	"github.com/kvpipe/kvpipe/internal/pace"
+	"github.com/kvpipe/kvpipe/internal/seam"
 	"github.com/kvpipe/kvpipe/internal/snapshot"
 	"github.com/kvpipe/kvpipe/relay"
 	"github.com/nats-io/nats.go"
@@ -204,8 +205,9 @@ func (cfg *Config) defaults() {
 // run is one pipeline of the relay and what its publishes share. Run makes
 // another when the stream is made again under it.
 type run struct {
-	r *Relay
-	p *kvpipe.Pipeline
+	r         *Relay
+	p         *kvpipe.Pipeline
+	republish seam.Republish // p's, bound by kvpipe.New
 	// Set by Run before the pipeline runs, read-only after.
 	stream  jetstream.Stream
 	obs     jetstream.ObjectStore // the snapshot's bucket
@@ -231,7 +233,7 @@ func (r *Relay) newRun() (*run, error) {
 	ru := &run{r: r, pubs: map[string]*pubState{}, gone: map[string]lineage{}}
 	ru.settleCtx, ru.stopSettling = context.WithCancel(context.Background())
 	pc := r.cfg.Pipeline
-	pc.Tap = ru
+	pc.Tap = runTap{ru}
 	p, err := kvpipe.New(pc)
 	if err != nil {
 		return nil, err
@@ -239,6 +241,12 @@ func (r *Relay) newRun() (*run, error) {
 	ru.p = p
 	return ru, nil
 }
+
+// runTap is the run's side of the seam: the run's Ops and Flush, and Bind,
+// which keeps the pipeline's Republish.
+type runTap struct{ *run }
+
+func (t runTap) Bind(republish seam.Republish) { t.republish = republish }
 
 // AddWorker subscribes to one engine, as Pipeline.AddWorker does; the
 // relay keeps its config across its pipelines.
