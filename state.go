@@ -10,7 +10,6 @@ import (
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/seam"
 	"github.com/kvpipe/kvpipe/internal/snapshot"
-	"github.com/kvpipe/kvpipe/wire"
 )
 
 // A Store keeps a pipeline's newest saved state (SaveSnapshot,
@@ -165,11 +164,11 @@ func (w *worker) capture(ctx context.Context, tap seam.Tap, ws *snapshot.Worker)
 	defer context.AfterFunc(w.ctx, cancel)() // removed meanwhile: leave it out
 	taken := false
 	var flushErr error
-	err := w.sub.Checkpoint(wctx, func(pos wire.Position) {
+	err := w.sub.Checkpoint(wctx, func() {
 		w.actor.Load().Export(ws)
 		ws.StreamSeq = w.tap.streamSeq
 		ws.Name = append(ws.Name[:0], w.name...)
-		ws.HasSeq, ws.Seq, ws.Fingerprint = pos.Known, pos.Seq, pos.Fingerprint
+		ws.Seq, ws.Fingerprint, ws.HasSeq = w.sub.Position()
 		if tap != nil {
 			// Nothing is tapped while this runs: what Flush returns covers
 			// exactly the state just captured.
@@ -211,7 +210,7 @@ func (p *Pipeline) republish(ctx context.Context, name string) error {
 	defer context.AfterFunc(wCtx, cancel)()
 	var scratch snapshot.Worker
 	done := false
-	err := w.sub.Checkpoint(wctx, func(wire.Position) {
+	err := w.sub.Checkpoint(wctx, func() {
 		w.tap.republish(&scratch)
 		done = true
 	})

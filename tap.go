@@ -55,11 +55,12 @@ func (t *tapped) republish(scratch *snapshot.Worker) {
 type tappedHandler struct {
 	wire.Handler
 	t   *tapped
-	pos func() wire.Position // the subscriber's Position
+	pos func() (seq, fingerprint uint64, known bool) // the subscriber's Position
 }
 
 func (h tappedHandler) HandleBatch(seq uint64, payload []byte) {
-	h.t.origin = seam.Origin{Batch: true, Seq: seq, Fingerprint: h.pos().Fingerprint}
+	_, fp, _ := h.pos()
+	h.t.origin = seam.Origin{Batch: true, Seq: seq, Fingerprint: fp}
 	defer func() { h.t.origin = seam.Origin{} }() // what follows is of no engine batch, until the next one
 	h.Handler.HandleBatch(seq, payload)
 }

@@ -35,7 +35,7 @@ func newTapped(shard chan *index.Batch, parts *[]tapPart) (*tapped, wire.Handler
 		return uint64(100 + len(*parts))
 	}}
 	t.a = actor.New(actor.Config{Worker: 1, BlockSize: 16, Shard: shard, Tap: t.ops})
-	return t, tappedHandler{t.a, t, func() wire.Position { return wire.Position{Fingerprint: tapFingerprint} }}
+	return t, tappedHandler{t.a, t, func() (uint64, uint64, bool) { return 0, tapFingerprint, false }}
 }
 
 // drain applies what shard holds to held, handing the batches back.

@@ -8,24 +8,25 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// ObjectStore keeps a snapshot as one object of a JetStream object store:
+// objectStore keeps a snapshot as one object of a JetStream object store:
 // a kvpipe.Store for a router's saved state, beside a relay's.
-type ObjectStore struct {
+type objectStore struct {
 	obs    jetstream.ObjectStore
 	object string
 }
 
-var _ kvpipe.Store = (*ObjectStore)(nil)
-
-// NewObjectStore returns the Store of the object named object in obs.
-func NewObjectStore(obs jetstream.ObjectStore, object string) *ObjectStore {
-	return &ObjectStore{obs: obs, object: object}
+// NewObjectStore returns the Store of the object named object in obs. Its
+// Save replaces the snapshot, so that a reader sees the old one or the new
+// one; its Load checks the bytes against the object's SHA-256 digest and
+// wraps kvpipe.ErrNoSnapshot when there is none.
+func NewObjectStore(obs jetstream.ObjectStore, object string) kvpipe.Store {
+	return &objectStore{obs: obs, object: object}
 }
 
 // Save replaces the snapshot with data. The object store writes the new
 // chunks before the metadata that names them, so a reader sees the old
 // snapshot or the new one; the old chunks are purged after.
-func (s *ObjectStore) Save(ctx context.Context, data []byte) error {
+func (s *objectStore) Save(ctx context.Context, data []byte) error {
 	return opstream.SaveSnapshot(ctx, s.obs, s.object, data, opstream.SnapshotMeta{})
 }
 
@@ -33,7 +34,7 @@ func (s *ObjectStore) Save(ctx context.Context, data []byte) error {
 // kvpipe.ErrNoSnapshot when there is none. The bytes are checked against
 // the object's SHA-256 digest: a read cut short or damaged is an error,
 // not a shorter snapshot.
-func (s *ObjectStore) Load(ctx context.Context, dst []byte) ([]byte, error) {
+func (s *objectStore) Load(ctx context.Context, dst []byte) ([]byte, error) {
 	dst, _, err := opstream.LoadSnapshot(ctx, s.obs, s.object, dst)
 	return dst, err
 }

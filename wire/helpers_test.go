@@ -23,7 +23,19 @@ type record struct {
 	reset   bool
 	why     ResetReason
 	resumed bool     // HandleResumed
-	pos     Position // the Subscriber's Position during HandleBatch
+	pos     position // the Subscriber's Position during HandleBatch
+}
+
+// position is what Subscriber.Position returns, comparable as one value.
+type position struct {
+	Seq, Fingerprint uint64
+	Known            bool
+}
+
+// positionOf is s's Position; only s's Run goroutine may call it.
+func positionOf(s *Subscriber) position {
+	seq, fp, known := s.Position()
+	return position{seq, fp, known}
 }
 
 // recorder is a Handler that hands every call to the test goroutine.
@@ -37,7 +49,7 @@ func newRecorder() *recorder { return &recorder{calls: make(chan record, 100_000
 func (r *recorder) HandleBatch(seq uint64, payload []byte) {
 	c := record{seq: seq, body: string(payload)}
 	if r.sub != nil {
-		c.pos = r.sub.Position()
+		c.pos = positionOf(r.sub)
 	}
 	r.calls <- c
 }

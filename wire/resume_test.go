@@ -71,11 +71,11 @@ func TestResumeFromASnapshot(t *testing.T) {
 			if got, ok := rec.quiet(100 * time.Millisecond); !ok {
 				t.Errorf("unexpected call %+v", got)
 			}
-			var pos Position
-			if err := s.Checkpoint(context.Background(), func(p Position) { pos = p }); err != nil {
+			var pos position
+			if err := s.Checkpoint(context.Background(), func() { pos = positionOf(s) }); err != nil {
 				t.Fatal(err)
 			}
-			if want := (Position{Seq: 9, Fingerprint: fingerprint(body(9)), Known: true}); pos != want {
+			if want := (position{Seq: 9, Fingerprint: fingerprint(body(9)), Known: true}); pos != want {
 				t.Errorf("position %+v, want %+v", pos, want)
 			}
 		})
@@ -94,13 +94,13 @@ func TestCheckpointWaitsForRun(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	ran := false
-	if err := s.Checkpoint(ctx, func(Position) { ran = true }); err != context.DeadlineExceeded || ran {
+	if err := s.Checkpoint(ctx, func() { ran = true }); err != context.DeadlineExceeded || ran {
 		t.Fatalf("Checkpoint without Run: err %v, ran %v; want the deadline and no call", err, ran)
 	}
 	// Run with no publisher there: it is dialling, and still answers.
 	runSubscriber(t, s)
-	var pos Position
-	if err := s.Checkpoint(context.Background(), func(p Position) { pos = p }); err != nil {
+	var pos position
+	if err := s.Checkpoint(context.Background(), func() { pos = positionOf(s) }); err != nil {
 		t.Fatal(err)
 	}
 	if pos.Known {

@@ -100,7 +100,7 @@ func (c *session) loop(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case call := <-c.s.calls:
-			call(c.s.Position())
+			call()
 		case <-idle:
 			if err := c.idleCheck(ctx); err != nil {
 				return err

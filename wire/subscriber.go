@@ -250,19 +250,9 @@ type Subscriber struct {
 	staleSub bool
 	// calls are functions to run in Run's goroutine between batches
 	// (Checkpoint).
-	calls chan func(Position)
+	calls chan func()
 	// resumed: placed by Resume, not yet proven nor reset.
 	resumed bool
-}
-
-// Position is where a worker's stream stands: the last batch applied and
-// the fingerprint that proves it, as a snapshot records it.
-type Position struct {
-	Seq, Fingerprint uint64
-	// Known: there is a last batch, and its fingerprint is known (not
-	// right after an engine snapshot, which places the stream at a seq
-	// whose batch it did not see).
-	Known bool
 }
 
 // NewSubscriber validates cfg and returns a Subscriber; Run starts it.
@@ -284,7 +274,7 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 		return nil, err
 	}
 	cfg.Logger = conf.Or(cfg.Logger, slog.New(slog.DiscardHandler))
-	s := &Subscriber{cfg: cfg, warn: pace.NewWarner(cfg.Logger, "kvpipe/wire: "), calls: make(chan func(Position))}
+	s := &Subscriber{cfg: cfg, warn: pace.NewWarner(cfg.Logger, "kvpipe/wire: "), calls: make(chan func())}
 	s.replay = replayer{cfg: &s.cfg, stats: &s.stats, warn: s.warn}
 	s.live = liveQueue{max: cfg.MaxReplayBuffer, stats: &s.stats, warn: s.warn}
 	return s, nil
@@ -301,13 +291,13 @@ func (s *Subscriber) Resume(seq, fp uint64) {
 	s.resumed = true
 }
 
-// Checkpoint runs f in Run's goroutine between two handler calls, with the
-// stream's position, so that f sees the handler's state and the position
-// agree. It waits while Run is not running or is in the middle of a replay,
-// and returns ctx's error if f has not run when ctx ends.
-func (s *Subscriber) Checkpoint(ctx context.Context, f func(Position)) error {
+// Checkpoint runs f in Run's goroutine between two handler calls, where
+// the handler's state and the stream's Position agree. It waits while Run
+// is not running or is in the middle of a replay, and returns ctx's error
+// if f has not run when ctx ends.
+func (s *Subscriber) Checkpoint(ctx context.Context, f func()) error {
 	done := make(chan struct{})
-	call := func(pos Position) { defer close(done); f(pos) }
+	call := func() { defer close(done); f() }
 	select {
 	case s.calls <- call:
 	case <-ctx.Done():
@@ -317,13 +307,17 @@ func (s *Subscriber) Checkpoint(ctx context.Context, f func(Position)) error {
 	return nil
 }
 
-// Position is the stream's position. In a Handler's HandleBatch it is that
-// batch's, seq and fingerprint, which the Subscriber computed to track the
-// stream: a handler that needs the fingerprint need not hash the payload
-// again. Only a Handler's calls (Run's goroutine) may call it.
-func (s *Subscriber) Position() Position {
+// Position is where the worker's stream stands, as a snapshot records it:
+// the last batch applied, seq, and the fingerprint that proves it. known
+// is false when there is no last batch or its fingerprint is not known
+// (right after an engine snapshot, which places the stream at a seq whose
+// batch it did not see). In a Handler's HandleBatch it is that batch's,
+// which the Subscriber computed to track the stream: a handler that needs
+// the fingerprint need not hash the payload again. Only a Handler's calls
+// and Checkpoint's f (Run's goroutine) may call it.
+func (s *Subscriber) Position() (seq, fingerprint uint64, known bool) {
 	seq, ok := s.seq.latest()
-	return Position{Seq: seq, Fingerprint: s.seq.fp, Known: ok && s.seq.fpKnown}
+	return seq, s.seq.fp, ok && s.seq.fpKnown
 }
 
 // sleep is pace.Sleep that serves Checkpoint calls meanwhile.
@@ -337,7 +331,7 @@ func (s *Subscriber) sleep(ctx context.Context, d time.Duration) bool {
 		case <-t.C:
 			return true
 		case call := <-s.calls:
-			call(s.Position())
+			call()
 		}
 	}
 }

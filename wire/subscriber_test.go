@@ -114,7 +114,7 @@ func TestPositionDuringHandleBatchIsTheBatchs(t *testing.T) {
 	}
 	for i := range 20 {
 		c := rec.next(t)
-		want := Position{Seq: last + 1 + uint64(i), Fingerprint: fingerprint(body(i)), Known: true}
+		want := position{Seq: last + 1 + uint64(i), Fingerprint: fingerprint(body(i)), Known: true}
 		if c.seq != want.Seq || c.pos != want {
 			t.Fatalf("batch %d: seq %d, Position %+v; want seq %d, Position %+v", i, c.seq, c.pos, want.Seq, want)
 		}

@@ -18,7 +18,7 @@ import (
 // metadata, for followers to check it against the stream.
 type SnapshotMeta struct {
 	// Known: the fields below were written. A snapshot saved without them
-	// (relay.ObjectStore's Save, a router's own state) has none.
+	// (relay.NewObjectStore's Save, a router's own state) has none.
 	Known bool
 	// StreamCreated is the stream's creation time when the snapshot was
 	// taken: a stream deleted and made again under the same name has
