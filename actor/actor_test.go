@@ -336,3 +336,12 @@ func TestPartial(t *testing.T) {
 		t.Error("an actor that joined at seq 1234 is complete")
 	}
 }
+
+func TestMainAttentionKinds(t *testing.T) {
+	for kind, want := range map[string]bool{"full_attention": true, "mla_attention": true, "sink_full_attention": true,
+		"sliding_window": false, "mamba": false, "chunked_local_attention": false, "": false} {
+		if got := isMainAttention(kind); got != want {
+			t.Errorf("isMainAttention(%q) = %v, want %v", kind, got, want)
+		}
+	}
+}

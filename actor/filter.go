@@ -15,7 +15,7 @@ type groups struct {
 // filter says whether e passes, and why not.
 func (g *groups) filter(e *codec.Event) (Reason, bool) {
 	if e.SpecKind != "" {
-		main := codec.IsMainAttention(e.SpecKind)
+		main := isMainAttention(e.SpecKind)
 		if e.HasGroupIdx && e.Type == codec.BlockStored {
 			g.main[e.GroupIdx] = main
 		}
@@ -80,4 +80,15 @@ func mediumTier(medium string) (t index.Tier, ok bool) {
 		}
 	}
 	return index.TierDevice, false
+}
+
+// isMainAttention reports whether a kv_cache_spec_kind names a main-attention
+// group, the only kind a prefix index may hold. An empty kind is not main:
+// the caller decides what an absent kind means.
+func isMainAttention(kind string) bool {
+	switch kind {
+	case "full_attention", "mla_attention", "sink_full_attention":
+		return true
+	}
+	return false
 }

@@ -337,15 +337,6 @@ func TestAppendBatchAllocatesNothing(t *testing.T) {
 	}
 }
 
-func TestMainAttentionKinds(t *testing.T) {
-	for kind, want := range map[string]bool{"full_attention": true, "mla_attention": true, "sink_full_attention": true,
-		"sliding_window": false, "mamba": false, "chunked_local_attention": false, "": false} {
-		if got := IsMainAttention(kind); got != want {
-			t.Errorf("IsMainAttention(%q) = %v, want %v", kind, got, want)
-		}
-	}
-}
-
 // A Decoder needs no constructor: the zero value and a literal with only
 // limits decode as NewDecoder's does (they panicked on the intern table, or
 // rejected everything with zero limits).

@@ -86,14 +86,3 @@ type Event struct {
 func (e *Event) reset() {
 	*e = Event{BlockHashes: e.BlockHashes[:0], TokenIDs: e.TokenIDs[:0], BlockExtra: e.BlockExtra[:0]}
 }
-
-// IsMainAttention reports whether a kv_cache_spec_kind names a main-attention
-// group, the only kind a prefix index may hold. An empty kind is not main:
-// callers decide what an absent kind means.
-func IsMainAttention(kind string) bool {
-	switch kind {
-	case "full_attention", "mla_attention", "sink_full_attention":
-		return true
-	}
-	return false
-}
