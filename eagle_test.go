@@ -116,8 +116,8 @@ func TestEagleSaltAdapterAndTiers(t *testing.T) {
 	}
 	var h Hasher
 	keys, eagleKeys := h.RequestKeys(nil, r, 16), h.EagleKeys(nil, r, 16)
-	if ms, _ := p.FindMatchesKeys(context.Background(), eagleKeys); len(ms) != 0 {
-		t.Errorf("FindMatchesKeys (plain keys) scored an EAGLE worker: %v", ms)
+	if ms, _ := p.AppendMatchesKeys(context.Background(), nil, eagleKeys, nil); len(ms) != 0 {
+		t.Errorf("AppendMatchesKeys (plain keys) scored an EAGLE worker: %v", ms)
 	}
 	if ms, _ := p.AppendMatchesKeys(context.Background(), nil, keys, eagleKeys); len(ms) != 1 || ms[0].Tiers[index.TierHost] != 3 {
 		t.Errorf("AppendMatchesKeys: %v", ms)

@@ -19,7 +19,7 @@
 //	FirstBatchesAfterConnect the first batches after the worker connected miss it: replayed from 0, exact
 //
 // "Exact" is checked from the engine caches: for every block an engine
-// caches (and a sample of those it evicted), FindMatchesKeys of that single
+// caches (and a sample of those it evicted), AppendMatchesKeys of that single
 // router key names the engine's worker exactly when the engine holds it; the
 // worker's Actor.IndexedBlocks equals the engine's cache size; the shards'
 // node count (kvpipe_index_nodes) equals the sum of the caches (every engine
@@ -523,7 +523,7 @@ func (w *faultWorld) stats(e *faultEngine) WorkerStats {
 
 // holders is who the index says holds the single block key.
 func (w *faultWorld) holders(key uint64) (map[string]bool, error) {
-	ms, err := w.p.FindMatchesKeys(context.Background(), []uint64{key})
+	ms, err := w.p.AppendMatchesKeys(context.Background(), nil, []uint64{key}, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -125,15 +125,15 @@ func TestAppendMatchesAllocatesNothing(t *testing.T) {
 	dst := make([]Match, 0, 8)
 	allocs := testing.AllocsPerRun(200, func() {
 		var err error
-		if dst, err = p.AppendMatches(ctx, dst[:0], keys); err != nil {
+		if dst, err = p.AppendMatchesKeys(ctx, dst[:0], keys, nil); err != nil {
 			t.Fatal(err)
 		}
 	})
 	if allocs != 0 {
-		t.Errorf("AppendMatches allocated %.1f times per call", allocs)
+		t.Errorf("AppendMatchesKeys allocated %.1f times per call", allocs)
 	}
 	if len(dst) != 3 || dst[0].Blocks != 3 {
-		t.Errorf("AppendMatches = %+v, want 3 workers of 3 blocks", dst)
+		t.Errorf("AppendMatchesKeys = %+v, want 3 workers of 3 blocks", dst)
 	}
 }
 

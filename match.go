@@ -56,8 +56,8 @@ type Request struct {
 // the placeholder tokens it spans.
 type MultiModal = index.MultiModal
 
-// Hasher turns a request into router block keys, for FindMatchesKeys and
-// AppendMatches, reusing what it allocated; its zero value is ready. One
+// Hasher turns a request into router block keys, for AppendMatchesKeys and
+// Routed, reusing what it allocated; its zero value is ready. One
 // goroutine at a time may use it.
 type Hasher struct{ h index.Hasher }
 
@@ -138,25 +138,14 @@ func nilIfEmpty(matches []Match, err error) ([]Match, error) {
 	return matches, err
 }
 
-// FindMatchesKeys is FindMatches for keys already hashed with a Hasher
-// (Prompt or RequestKeys). Workers keyed over EAGLE windows are left out:
-// FindMatchesKeys' keys are not theirs (see AppendMatchesKeys).
-func (p *Pipeline) FindMatchesKeys(ctx context.Context, keys []uint64) ([]Match, error) {
-	return nilIfEmpty(p.AppendMatches(ctx, nil, keys))
-}
-
-// AppendMatches is FindMatchesKeys appending to dst: with room in dst it
-// allocates nothing. It reads the index on the calling goroutine and never
-// waits for a worker or a shard; the README says what an answer reflects.
-func (p *Pipeline) AppendMatches(ctx context.Context, dst []Match, keys []uint64) ([]Match, error) {
-	return p.AppendMatchesKeys(ctx, dst, keys, nil)
-}
-
-// AppendMatchesKeys is AppendMatches for a router that hashes both kinds
-// of keys itself: workers keyed plainly are matched with keys (Prompt,
+// AppendMatchesKeys is FindMatches for a router that hashes requests
+// itself (Hasher), appending to dst: with room in dst it allocates
+// nothing. Workers keyed plainly are matched with keys (Prompt,
 // RequestKeys), workers keyed over EAGLE windows with eagleKeys
-// (EaglePrompt, EagleKeys). A nil slice leaves its kind of worker out.
-// Match.Eagle says which keys a worker's answer used.
+// (EaglePrompt, EagleKeys); a nil slice leaves its kind of worker out, and
+// Match.Eagle says which keys a worker's answer used. It reads the index
+// on the calling goroutine and never waits for a worker or a shard; the
+// README says what an answer reflects.
 func (p *Pipeline) AppendMatchesKeys(ctx context.Context, dst []Match, keys, eagleKeys []uint64) ([]Match, error) {
 	shards := p.read.shards.Load()
 	if shards == nil {

@@ -210,7 +210,7 @@ func BenchmarkLoopback(b *testing.B) {
 			ctx := context.Background()
 			var dst []kvpipe.Match
 			measure(b, w, rate, pass, func(keys []uint64) (err error) {
-				dst, err = p.AppendMatches(ctx, dst[:0], keys)
+				dst, err = p.AppendMatchesKeys(ctx, dst[:0], keys, nil)
 				return err
 			})
 			if lost := p.Stats().Total().Wire.Lost; lost != 0 {

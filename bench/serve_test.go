@@ -311,7 +311,7 @@ func matcher(b *testing.B, via string, p *kvpipe.Pipeline, url string, prompts [
 	}
 	var dst []kvpipe.Match
 	return func(keys []uint64) (err error) {
-		dst, err = p.AppendMatches(ctx, dst[:0], keys)
+		dst, err = p.AppendMatchesKeys(ctx, dst[:0], keys, nil)
 		return err
 	}, 1
 }

@@ -396,8 +396,8 @@ func sameIndex(ctx context.Context, o options, reqs []sim.Request, a, b *kvpipe.
 			req.Lora = reqs[i].Lora
 		}
 		keys = h.RequestKeys(keys[:0], &req, o.blockSize)
-		ma, _ = a.AppendMatches(ctx, ma[:0], keys)
-		mb, _ = b.AppendMatches(ctx, mb[:0], keys)
+		ma, _ = a.AppendMatchesKeys(ctx, ma[:0], keys, nil)
+		mb, _ = b.AppendMatchesKeys(ctx, mb[:0], keys, nil)
 		if !sameMatches(ma, mb) {
 			return false, i + 1
 		}

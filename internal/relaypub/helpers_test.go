@@ -223,7 +223,7 @@ func exact(p *kvpipe.Pipeline, engines ...*engine) error {
 	ctx := context.Background()
 	for _, e := range engines {
 		for _, q := range e.queries {
-			ms, err := p.FindMatchesKeys(ctx, q.keys)
+			ms, err := p.AppendMatchesKeys(ctx, nil, q.keys, nil)
 			if err != nil {
 				return err
 			}
@@ -253,7 +253,7 @@ func sound(p *kvpipe.Pipeline, engines ...*engine) error {
 	ctx := context.Background()
 	for _, e := range engines {
 		for _, q := range e.queries {
-			ms, err := p.FindMatchesKeys(ctx, q.keys)
+			ms, err := p.AppendMatchesKeys(ctx, nil, q.keys, nil)
 			if err != nil {
 				return err
 			}
@@ -329,7 +329,7 @@ func caughtUp(t testing.TB, js jetstream.JetStream, s relay.Settings, rs ...*rou
 func holdsSome(p *kvpipe.Pipeline, engines ...*engine) bool {
 	for _, e := range engines {
 		for _, q := range e.queries {
-			if ms, _ := p.FindMatchesKeys(context.Background(), q.keys); len(ms) > 0 {
+			if ms, _ := p.AppendMatchesKeys(context.Background(), nil, q.keys, nil); len(ms) > 0 {
 				return true
 			}
 		}
