@@ -17,12 +17,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// FollowerConfig configures a Follower.
-type FollowerConfig struct {
-	Settings Settings // the relay's
-	Logger   *slog.Logger
-}
-
 // Follower is a kvpipe.Source that feeds a router's Pipeline from a
 // relay's stream instead of the engines: it starts from the newest
 // snapshot in the bucket, if the stream still holds every message after
@@ -39,7 +33,7 @@ type FollowerConfig struct {
 // over, and a bad message clears its worker.
 type Follower struct {
 	js    jetstream.JetStream
-	set   opstream.Settings // FollowerConfig.Settings, defaulted
+	set   opstream.Settings // NewFollower's, defaulted
 	log   *slog.Logger
 	stats followerCounters
 	busy  atomic.Bool
@@ -91,16 +85,17 @@ func (f *Follower) Stats() FollowerStats {
 		RefusedReason: reason, Runs: c.runs.Load(), LastApplied: c.lastApplied.Load(), Lag: c.lag.Load()}
 }
 
-// NewFollower returns a follower of the relay whose settings cfg holds.
-func NewFollower(js jetstream.JetStream, cfg FollowerConfig) (*Follower, error) {
-	set, err := opstream.Settings(cfg.Settings).WithDefaults()
+// NewFollower returns a follower of the relay whose settings s are (the
+// relay's own); a nil logger discards what it logs.
+func NewFollower(js jetstream.JetStream, s Settings, logger *slog.Logger) (*Follower, error) {
+	set, err := opstream.Settings(s).WithDefaults()
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Follower{js: js, set: set, log: cfg.Logger, fed: map[string]bool{}, warn: pace.NewWarner(cfg.Logger, "kvpipe/relay: ")}, nil
+	return &Follower{js: js, set: set, log: logger, fed: map[string]bool{}, warn: pace.NewWarner(logger, "kvpipe/relay: ")}, nil
 }
 
 var _ kvpipe.Source = (*Follower)(nil)

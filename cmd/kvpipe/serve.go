@@ -189,7 +189,7 @@ func follower(f *serveFlags, logger *slog.Logger) (kvpipe.Source, func(), error)
 	if err == nil {
 		var fl *relay.Follower
 		settings := relay.Settings{Prefix: *f.prefix, Stream: *f.stream, Bucket: *f.bucket, Object: *f.object}
-		if fl, err = relay.NewFollower(js, relay.FollowerConfig{Settings: settings, Logger: logger}); err == nil {
+		if fl, err = relay.NewFollower(js, settings, logger); err == nil {
 			return fl, nc.Close, nil
 		}
 	}

@@ -184,7 +184,7 @@ func (n *natsRun) follow(settings relay.Settings) (*replica, error) {
 	if err != nil {
 		return nil, err
 	}
-	f, err := relay.NewFollower(js, relay.FollowerConfig{Settings: settings, Logger: n.logger})
+	f, err := relay.NewFollower(js, settings, n.logger)
 	if err != nil {
 		return nil, err
 	}

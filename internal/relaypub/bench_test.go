@@ -68,7 +68,7 @@ func benchPublish(b *testing.B, window, workers int) {
 		applied[w] = append(applied[w], now)
 		total++
 		mu.Unlock()
-	}}, relay.FollowerConfig{Settings: s})
+	}}, s, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

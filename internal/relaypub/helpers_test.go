@@ -183,7 +183,7 @@ type router struct {
 
 func startRouter(t testing.TB, js jetstream.JetStream, s relay.Settings) *router {
 	t.Helper()
-	f, err := relay.NewFollower(js, relay.FollowerConfig{Settings: s, Logger: testLogger()})
+	f, err := relay.NewFollower(js, s, testLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
