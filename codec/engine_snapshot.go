@@ -1,25 +1,18 @@
 package codec
 
 import (
-	"bytes"
 	"fmt"
 	"math"
 
 	"github.com/tinylib/msgp/msgp"
 )
 
-// SGLang's snapshot-v1 protocol (docs/FORMAT.md §6): the epoch suffixes of the
-// live topic, the header that opens a snapshot reply and the chunks of
-// KVSnapshotBlock records that follow it.
+// SGLang's snapshot-v1 protocol (docs/FORMAT.md §6): the header that opens
+// a snapshot reply and the chunks of KVSnapshotBlock records that follow it.
+// (The epoch suffixes of the live topic are package wire's: they are in
+// the topic frame, not in a payload.)
 
 const (
-	// epochTopicMarker follows the configured topic in every live message of
-	// a snapshot-capable SGLang publisher; the epoch follows it.
-	epochTopicMarker = "\x00sgl-kv-epoch="
-	// snapshotTopicMarker follows the epoch in the topic of a snapshot
-	// barrier batch; the barrier id follows it.
-	snapshotTopicMarker = "\x00sgl-kv-snapshot="
-
 	// snapshotVersion is the only header version this package knows.
 	snapshotVersion = 1
 	// snapshotChunkRecords is the most records SGLang puts in one chunk.
@@ -29,30 +22,6 @@ const (
 	// that chunks more coarsely, and still a bound against a corrupt length.
 	maxSnapshotChunkRecords = 1 << 16
 )
-
-var (
-	epochMarker    = []byte(epochTopicMarker)
-	snapshotMarker = []byte(snapshotTopicMarker)
-)
-
-// SplitTopic splits a live topic frame, topic + EpochTopicMarker + epoch
-// [+ SnapshotTopicMarker + barrier id], into its parts, as subslices of
-// topic (no allocation). Absent parts are nil; a part that is present but
-// empty is an empty non-nil slice. A topic without the epoch marker (vLLM,
-// SGLang with snapshots disabled) is all base. The markers are searched from
-// the left: the configured topic must not contain EpochTopicMarker.
-func SplitTopic(topic []byte) (base []byte, epoch []byte, snapshotID []byte) {
-	i := bytes.Index(topic, epochMarker)
-	if i < 0 {
-		return topic, nil, nil
-	}
-	base, rest := topic[:i], topic[i+len(epochMarker):]
-	j := bytes.Index(rest, snapshotMarker)
-	if j < 0 {
-		return base, rest, nil
-	}
-	return base, rest[:j], rest[j+len(snapshotMarker):]
-}
 
 // EngineSnapshotHeader is KVSnapshotHeader, the first reply of a snapshot:
 // the state that follows is the engine's as of the live batch BarrierSeq

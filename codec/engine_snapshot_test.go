@@ -1,7 +1,6 @@
 package codec_test
 
 import (
-	"bytes"
 	"encoding/hex"
 	. "github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/internal/engineenc"
@@ -402,42 +401,6 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	}
 }
 
-func TestSplitTopic(t *testing.T) {
-	cases := []struct {
-		topic                string
-		base, epoch, barrier string
-		hasEpoch, hasBarrier bool
-	}{
-		{"", "", "", "", false, false},
-		{"kv", "kv", "", "", false, false},
-		{"kv\x00other", "kv\x00other", "", "", false, false},
-		{"kv\x00sgl-kv-epoch=abc", "kv", "abc", "", true, false},
-		{"\x00sgl-kv-epoch=abc", "", "abc", "", true, false},
-		{"kv\x00sgl-kv-epoch=", "kv", "", "", true, false},
-		{"kv\x00sgl-kv-epoch=abc\x00sgl-kv-snapshot=b1", "kv", "abc", "b1", true, true},
-		{"\x00sgl-kv-epoch=abc\x00sgl-kv-snapshot=", "", "abc", "", true, true},
-		{"kv\x00sgl-kv-epoch=\x00sgl-kv-snapshot=b1", "kv", "", "b1", true, true},
-		// Without the epoch marker the snapshot marker is not the format: all base.
-		{"kv\x00sgl-kv-snapshot=b1", "kv\x00sgl-kv-snapshot=b1", "", "", false, false},
-		{"kv\x00sgl-kv-epoc=abc", "kv\x00sgl-kv-epoc=abc", "", "", false, false},
-	}
-	for _, tc := range cases {
-		topic := []byte(tc.topic)
-		base, epoch, barrier := SplitTopic(topic)
-		if string(base) != tc.base || string(epoch) != tc.epoch || string(barrier) != tc.barrier ||
-			(epoch != nil) != tc.hasEpoch || (barrier != nil) != tc.hasBarrier {
-			t.Errorf("SplitTopic(%q) = %q, %q (nil %v), %q (nil %v); want %q, %q (nil %v), %q (nil %v)", tc.topic,
-				base, epoch, epoch == nil, barrier, barrier == nil, tc.base, tc.epoch, !tc.hasEpoch, tc.barrier, !tc.hasBarrier)
-		}
-		if len(topic) > 0 && len(base) > 0 && &base[0] != &topic[0] {
-			t.Errorf("SplitTopic(%q): base is not a subslice of the topic", tc.topic)
-		}
-	}
-	if base, epoch, barrier := SplitTopic(nil); base != nil || epoch != nil || barrier != nil {
-		t.Errorf("SplitTopic(nil) = %q, %q, %q; want all nil", base, epoch, barrier)
-	}
-}
-
 func TestSteadyStateSnapshotDecodeAllocatesNothing(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates on its own")
@@ -455,10 +418,6 @@ func TestSteadyStateSnapshotDecodeAllocatesNothing(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Errorf("steady-state DecodeSnapshotChunk allocates %.1f times per chunk, want 0", allocs)
-	}
-	topic := []byte("kv\x00sgl-kv-epoch=0123456789abcdef\x00sgl-kv-snapshot=fedcba")
-	if allocs := testing.AllocsPerRun(100, func() { SplitTopic(topic) }); allocs != 0 {
-		t.Errorf("SplitTopic allocates %.1f times, want 0", allocs)
 	}
 }
 
@@ -480,8 +439,7 @@ func BenchmarkDecodeSnapshotChunk(b *testing.B) {
 }
 
 // FuzzSnapshot: no input panics, errors are *Error, and whatever decodes (as
-// a header or as a chunk) decodes the same after a re-encode; a topic that
-// splits joins back to itself.
+// a header or as a chunk) decodes the same after a re-encode.
 func FuzzSnapshot(f *testing.F) {
 	h := testHeader()
 	f.Add(engineenc.AppendEngineSnapshotHeader(nil, &h))
@@ -523,17 +481,6 @@ func FuzzSnapshot(f *testing.F) {
 					t.Fatalf("re-encode changed record %d: %+v, then %+v", i, first[i], second[i])
 				}
 			}
-		}
-		base, epoch, barrier := SplitTopic(p)
-		joined := append([]byte{}, base...)
-		if epoch != nil {
-			joined = append(append(joined, EpochTopicMarker...), epoch...)
-		}
-		if barrier != nil {
-			joined = append(append(joined, SnapshotTopicMarker...), barrier...)
-		}
-		if !bytes.Equal(joined, p) {
-			t.Fatalf("SplitTopic(%q) = %q, %q, %q, which do not join back", p, base, epoch, barrier)
 		}
 	})
 }

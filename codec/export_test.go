@@ -11,8 +11,6 @@ var DefaultLimits = defaultLimits
 const (
 	MaxSnapshotChunkRecords = maxSnapshotChunkRecords
 	SnapshotChunkRecords    = snapshotChunkRecords
-	EpochTopicMarker        = epochTopicMarker
-	SnapshotTopicMarker     = snapshotTopicMarker
 	EventUnknown            = eventUnknown
 
 	RawUint  = rawUint

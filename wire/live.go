@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 
 	"github.com/go-zeromq/zmq4"
-	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/internal/pace"
 )
 
@@ -30,7 +29,7 @@ func (q *liveQueue) parse(m zmq4.Msg) (frame, bool) {
 		q.warn.Warn("malformed message skipped", "frames", len(m.Frames), "seq_bytes", seqWidth(m))
 		return frame{}, false
 	}
-	_, epoch, _ := codec.SplitTopic(m.Frames[0])
+	_, epoch, _ := splitTopic(m.Frames[0])
 	return frame{seq: binary.BigEndian.Uint64(m.Frames[1]), payload: m.Frames[2], epoch: epoch}, true
 }
 
