@@ -306,7 +306,7 @@ func (e *faultEngine) prepare() []byte {
 			if i > 0 {
 				parent = e.keys[ext[i-1]]
 			}
-			e.keys[ext[i]] = e.hasher.Block(parent, i > 0, tokens[i*faultBlockSize:(i+1)*faultBlockSize])
+			e.keys[ext[i]] = e.hasher.Key(parent, i > 0, 0, 0, tokens[i*faultBlockSize:(i+1)*faultBlockSize])
 		}
 		e.served = append(e.served, idx)
 		return engineenc.AppendBatch(nil, &codec.Batch{TS: faultNow(), Events: evs}, engineenc.CurrentVLLM)

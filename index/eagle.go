@@ -21,7 +21,7 @@ func (h *Hasher) EaglePrompt(dst []uint64, tokens []uint32, blockSize int) []uin
 	}
 	var parent uint64
 	for i := 0; i+blockSize < len(tokens); i += blockSize {
-		parent = h.Block(parent, i > 0, tokens[i:i+blockSize+1])
+		parent = h.block(parent, i > 0, tokens[i:i+blockSize+1])
 		dst = append(dst, parent)
 	}
 	return dst

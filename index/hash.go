@@ -46,8 +46,8 @@ func chain(parent uint64, hasParent bool, th uint64) uint64 {
 	return pairHash(parent, th)
 }
 
-// Block returns the key of one block of tokens under parent (a root when hasParent is false).
-func (h *Hasher) Block(parent uint64, hasParent bool, tokens []uint32) uint64 {
+// block returns the key of one block of tokens under parent (a root when hasParent is false).
+func (h *Hasher) block(parent uint64, hasParent bool, tokens []uint32) uint64 {
 	return chain(parent, hasParent, h.tokenHash(tokens))
 }
 
@@ -61,7 +61,7 @@ func (h *Hasher) Prompt(dst []uint64, tokens []uint32, blockSize int) []uint64 {
 	}
 	var parent uint64
 	for i := 0; i+blockSize <= len(tokens); i += blockSize {
-		parent = h.Block(parent, i > 0, tokens[i:i+blockSize])
+		parent = h.block(parent, i > 0, tokens[i:i+blockSize])
 		dst = append(dst, parent)
 	}
 	return dst
@@ -141,7 +141,7 @@ const (
 // (Namespace), extra the digest of the block's extra keys (0 for none:
 // codec.Event.BlockExtra, or what RequestKeys derives from a request).
 //
-// With ns and extra both 0 it is Block's key, so keys of bare-token blocks
+// With ns and extra both 0 it is block's key, so keys of bare-token blocks
 // stay the dynamo-compatible ones. A root with a nonzero ns or extra hashes
 // both in with its token hash. A child ignores ns: it inherits the
 // namespace from its parent's key through the chain, so only the root needs

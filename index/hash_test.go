@@ -89,14 +89,14 @@ func TestNamespaceAllocatesNothing(t *testing.T) {
 func TestKeyExtendsBlock(t *testing.T) {
 	var h Hasher
 	toks := []uint32{1, 2, 3, 4}
-	plain := h.Block(0, false, toks)
+	plain := h.block(0, false, toks)
 	if got := h.Key(0, false, 0, 0, toks); got != plain {
 		t.Errorf("bare root: Key %x, Block %x", got, plain)
 	}
-	if got, want := h.Key(plain, true, 0, 0, toks), h.Block(plain, true, toks); got != want {
+	if got, want := h.Key(plain, true, 0, 0, toks), h.block(plain, true, toks); got != want {
 		t.Errorf("bare child: Key %x, Block %x", got, want)
 	}
-	if got, want := h.Key(plain, true, 77, 0, toks), h.Block(plain, true, toks); got != want {
+	if got, want := h.Key(plain, true, 77, 0, toks), h.block(plain, true, toks); got != want {
 		t.Errorf("a child inherits its namespace: Key %x, want Block %x", got, want)
 	}
 	keys := map[uint64]string{}

@@ -54,7 +54,7 @@ func TestPrompt16MatchesBlocks(t *testing.T) {
 	var want []uint64
 	var parent uint64
 	for i := 0; i+16 <= 16*50+7; i += 16 {
-		parent = h.Block(parent, i > 0, r.Tokens[i:i+16])
+		parent = h.block(parent, i > 0, r.Tokens[i:i+16])
 		want = append(want, parent)
 	}
 	if len(got) != 50 || len(got) != len(want) {
