@@ -16,7 +16,9 @@ import (
 	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/internal/metricsserve"
 	"github.com/kvpipe/kvpipe/metrics"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // endpoints collects repeated flag values, each "URL" or "name=URL".
@@ -89,7 +91,7 @@ func listenCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return 2
 	}
 	if *metricsAddr != "" {
-		stopMetrics, err := serveMetrics(*metricsAddr, metrics.NewCollector(p.Stats))
+		stopMetrics, err := metricsserve.Serve(*metricsAddr, prometheus.NewRegistry(), metrics.NewCollector(p.Stats))
 		if err != nil {
 			fmt.Fprintln(stderr, "kvpipe listen:", err)
 			return 1

@@ -11,12 +11,14 @@ import (
 	"time"
 
 	"github.com/kvpipe/kvpipe"
+	"github.com/kvpipe/kvpipe/internal/metricsserve"
 	"github.com/kvpipe/kvpipe/internal/opstream"
 	"github.com/kvpipe/kvpipe/internal/relaypub"
 	"github.com/kvpipe/kvpipe/metrics"
 	"github.com/kvpipe/kvpipe/relay"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // relayFlags are kvpipe relay's flags.
@@ -91,7 +93,7 @@ func relayCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			}
 			return kvpipe.Stats{}
 		}
-		stopMetrics, err := serveMetrics(*f.metricsAddr, relaypub.NewCollector(r), metrics.NewCollector(current))
+		stopMetrics, err := metricsserve.Serve(*f.metricsAddr, prometheus.NewRegistry(), relaypub.NewCollector(r), metrics.NewCollector(current))
 		if err != nil {
 			fmt.Fprintln(stderr, "kvpipe relay:", err)
 			return 1

@@ -23,8 +23,6 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"time"
@@ -33,11 +31,11 @@ import (
 	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/internal/engineenc"
+	"github.com/kvpipe/kvpipe/internal/metricsserve"
 	"github.com/kvpipe/kvpipe/internal/sim"
 	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/kvpipe/kvpipe/metrics"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 type options struct {
@@ -273,7 +271,7 @@ func run(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	}
 	reg := prometheus.NewRegistry()
 	if o.metricsAddr != "" {
-		stopMetrics, err := serveMetrics(o.metricsAddr, reg)
+		stopMetrics, err := metricsserve.Serve(o.metricsAddr, reg)
 		if err != nil {
 			return err
 		}
@@ -706,17 +704,4 @@ func report(w io.Writer, o options, source string, reqs []sim.Request, engines [
 	}
 	fmt.Fprintln(w)
 	return nil
-}
-
-func serveMetrics(addr string, reg *prometheus.Registry) (stop func(), err error) {
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, err
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	done := make(chan struct{})
-	go func() { srv.Serve(l); close(done) }()
-	return func() { srv.Close(); <-done }, nil
 }

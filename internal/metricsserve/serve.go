@@ -1,4 +1,6 @@
-package main
+// Package metricsserve serves a Prometheus registry at /metrics, for the
+// kvpipe command (listen, relay) and the replay example.
+package metricsserve
 
 import (
 	"net"
@@ -9,10 +11,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// serveMetrics serves reg's metrics on addr at /metrics until stop is
-// called; stop waits for the server's goroutine.
-func serveMetrics(addr string, cs ...prometheus.Collector) (stop func(), err error) {
-	reg := prometheus.NewRegistry()
+// Serve registers cs on reg and serves reg on addr at /metrics until stop
+// is called; stop waits for the server's goroutine. Nothing is served
+// when a collector cannot be registered.
+func Serve(addr string, reg *prometheus.Registry, cs ...prometheus.Collector) (stop func(), err error) {
 	for _, c := range cs {
 		if err := reg.Register(c); err != nil {
 			return nil, err
@@ -24,6 +26,7 @@ func serveMetrics(addr string, cs ...prometheus.Collector) (stop func(), err err
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	// A client that never finishes its headers cannot hold a connection.
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	done := make(chan struct{})
 	go func() { srv.Serve(l); close(done) }()
