@@ -235,14 +235,3 @@ func (d *Decoder) readSnapshotHashes(p []byte, blk *EngineSnapshotBlock) ([]byte
 	}
 	return p, nil
 }
-
-// EngineSnapshotRecords reads how many records a chunk holds from its array
-// header alone, so a client can check a snapshot against its header's
-// record count without decoding it.
-func EngineSnapshotRecords(chunk []byte) (int, error) {
-	n, _, err := msgp.ReadArrayHeaderBytes(chunk)
-	if err != nil {
-		return 0, fieldErr("snapshot chunk", err, chunk)
-	}
-	return int(n), nil
-}

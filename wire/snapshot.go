@@ -8,6 +8,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/internal/zsock"
+	"github.com/tinylib/msgp/msgp"
 )
 
 var snapshotRequest = []byte("snapshot-v1")
@@ -50,8 +51,10 @@ func (t *snapshotTalk) reply(kind string, payload []byte) (snapshotStep, error) 
 	case kind == "chunk" && t.begun:
 		// The header's count bounds the chunks: a peer cannot stream
 		// records forever, and one dropped on the way is noticed.
-		n, err := codec.EngineSnapshotRecords(payload)
-		if t.records += n; err != nil || t.records > t.header.RecordCount {
+		// The array header alone says how many records a chunk holds;
+		// decoding them is the handler's.
+		n, _, err := msgp.ReadArrayHeaderBytes(payload)
+		if t.records += int(n); err != nil || t.records > t.header.RecordCount {
 			return snapFail, errors.New("more records than the header announced, or a corrupt chunk")
 		}
 		return snapChunk, nil
