@@ -25,7 +25,7 @@ import (
 type Config struct {
 	Settings relay.Settings // its followers' too
 	// Pipeline configures the engine side as for a router; the relay sets
-	// its Publish, and Publish and Source must be unset. Its Backpressure
+	// its Tap, and Tap and Source must be unset. Its Backpressure
 	// must be Block: a dropped batch would resync the worker, and two
 	// relays would then part ways (see the message ids).
 	Pipeline kvpipe.Config
