@@ -137,6 +137,46 @@ func TestAppendMatchesAllocatesNothing(t *testing.T) {
 	}
 }
 
+// FindMatches from tokens hashes them into a pooled Hasher's scratch, as
+// the search needs them: the answer it returns is all it allocates.
+func TestFindMatchesAllocatesOnlyItsAnswer(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates; test.sh runs this without it")
+	}
+	e := newEngine(t)
+	p := startPipeline(t, Config{Shards: 2})
+	for _, name := range []string{"a", "b"} {
+		if err := p.AddWorker(name, WorkerConfig{Endpoint: e.ep, ReplayEndpoint: e.replay}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	toks := prompt(9, 300) // past the first rounds of keys
+	eventually(t, "every worker indexing", func() { e.parent = 0; e.store(toks, 16) }, func() bool { return len(scores(t, p, toks)) == 2 })
+	ctx := context.Background()
+	r := &Request{Tokens: toks}
+	var ms []Match
+	allocs := testing.AllocsPerRun(100, func() {
+		var err error
+		if ms, err = p.FindMatchesRequest(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	})
+	var copied []Match
+	answer := testing.AllocsPerRun(100, func() {
+		copied = nil
+		//lint:ignore S1011 appended one at a time, as the pipeline appends its answer
+		for _, m := range ms {
+			copied = append(copied, m)
+		}
+	})
+	if allocs != answer {
+		t.Errorf("FindMatchesRequest allocated %.1f times per call, want %.1f (its answer)", allocs, answer)
+	}
+	if len(ms) != 2 || ms[0].Blocks != 300 || ms[1].Blocks != 300 {
+		t.Errorf("FindMatchesRequest = %+v, want 2 workers of 300 blocks", ms)
+	}
+}
+
 // New registers nothing: pipelines built, run or not, leave a registry to
 // whoever registers a collector on it, once at a time.
 func TestNewRegistersNothing(t *testing.T) {

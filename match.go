@@ -87,35 +87,20 @@ func (h *Hasher) EagleKeys(dst []uint64, r *Request, blockSize int) []uint64 {
 // FindMatches hashes a base-model request's tokens into router blocks and
 // returns, for every worker holding its first block (or predicted to),
 // how many leading blocks it holds. Workers keyed over EAGLE windows are matched with the
-// prompt's EAGLE keys, the others with its plain keys: one hashing pass
-// for each kind of worker the pipeline has.
+// prompt's EAGLE keys, the others with its plain keys. Keys are hashed as
+// the search needs them: a prompt whose workers all drop out early is not
+// hashed to its end.
 func (p *Pipeline) FindMatches(ctx context.Context, tokens []uint32) ([]Match, error) {
-	var h index.Hasher
-	var keys, eagleKeys []uint64
-	plain, eagle := kinds(*p.read.list.Load())
-	if plain {
-		keys = h.Prompt(nil, tokens, p.cfg.BlockSize)
-	}
-	if eagle {
-		eagleKeys = h.EaglePrompt(nil, tokens, p.cfg.BlockSize)
-	}
-	return nilIfEmpty(p.AppendMatchesKeys(ctx, nil, keys, eagleKeys))
+	return p.FindMatchesRequest(ctx, &Request{Tokens: tokens})
 }
 
 // FindMatchesRequest is FindMatches for a request on an adapter, with a
 // cache salt, or with multimodal inputs: its keys are those the engines'
 // blocks of that request get, and no other request's.
 func (p *Pipeline) FindMatchesRequest(ctx context.Context, r *Request) ([]Match, error) {
-	var h index.Hasher
-	var keys, eagleKeys []uint64
 	plain, eagle := kinds(*p.read.list.Load())
-	if plain {
-		keys = h.RequestKeys(nil, (*index.Request)(r), p.cfg.BlockSize)
-	}
-	if eagle {
-		eagleKeys = h.EagleKeys(nil, (*index.Request)(r), p.cfg.BlockSize)
-	}
-	return nilIfEmpty(p.AppendMatchesKeys(ctx, nil, keys, eagleKeys))
+	q := lookup{req: (*index.Request)(r), blockSize: p.cfg.BlockSize, plain: plain, eagle: eagle}
+	return nilIfEmpty(p.read.appendMatches(ctx, p.stopped, nil, &q))
 }
 
 // kinds reports whether ws has workers keyed plainly, and workers keyed
@@ -147,10 +132,40 @@ func nilIfEmpty(matches []Match, err error) ([]Match, error) {
 // on the calling goroutine and never waits for a worker or a shard; the
 // README says what an answer reflects.
 func (p *Pipeline) AppendMatchesKeys(ctx context.Context, dst []Match, keys, eagleKeys []uint64) ([]Match, error) {
-	shards := p.read.shards.Load()
+	q := lookup{keys: keys, eagleKeys: eagleKeys, plain: keys != nil, eagle: eagleKeys != nil}
+	return p.read.appendMatches(ctx, p.stopped, dst, &q)
+}
+
+// lookup is what a match is asked for: keys already hashed, or a request
+// whose keys are hashed as the search needs them (req), for the workers
+// keyed plainly, over EAGLE windows, or both.
+type lookup struct {
+	keys, eagleKeys []uint64
+	req             *index.Request
+	blockSize       int
+	plain, eagle    bool
+}
+
+// find appends the scores of the lookup's keys of one kind.
+func (q *lookup) find(ctx context.Context, r *readPath, shards *index.Shards, dst []index.Score, eagle bool) ([]index.Score, error) {
+	if q.req == nil {
+		if eagle {
+			return shards.FindMatches(ctx, dst, q.eagleKeys)
+		}
+		return shards.FindMatches(ctx, dst, q.keys)
+	}
+	h := r.hashers.Get().(*index.Hasher)
+	defer r.hashers.Put(h)
+	return shards.FindMatchesRequest(ctx, dst, h, q.req, q.blockSize, eagle)
+}
+
+// appendMatches appends q's matches, each kind of worker asked for matched
+// with its own keys; stopped is closed once the pipeline is shut down.
+func (r *readPath) appendMatches(ctx context.Context, stopped <-chan struct{}, dst []Match, q *lookup) ([]Match, error) {
+	shards := r.shards.Load()
 	if shards == nil {
 		select {
-		case <-p.stopped: // shut down before Run
+		case <-stopped: // shut down before Run
 			return dst, ErrClosed
 		default: // not running yet: no worker holds anything
 			return dst, nil
@@ -158,14 +173,14 @@ func (p *Pipeline) AppendMatchesKeys(ctx context.Context, dst []Match, keys, eag
 	}
 	start := time.Now()
 	var err error
-	if keys != nil {
-		dst, err = p.read.appendKind(ctx, shards, dst, keys, false)
+	if q.plain {
+		dst, err = r.appendKind(ctx, shards, dst, q, false)
 	}
-	if err == nil && eagleKeys != nil {
-		dst, err = p.read.appendKind(ctx, shards, dst, eagleKeys, true)
+	if err == nil && q.eagle {
+		dst, err = r.appendKind(ctx, shards, dst, q, true)
 	}
 	if err == nil {
-		p.read.latency.observe(time.Since(start))
+		r.latency.observe(time.Since(start))
 	}
 	return dst, err
 }
@@ -179,15 +194,16 @@ type readPath struct {
 	list    atomic.Pointer[[]*worker]
 	byName  atomic.Pointer[map[string]*worker]
 	scores  sync.Pool // *[]index.Score: the scratch of a match
+	hashers sync.Pool // *index.Hasher: the scratch of hashing a request's keys
 	weights Weights
 	latency latency // FindMatches' durations, for metrics
 }
 
-// appendKind appends the matches of keys for the workers of one kind.
-func (r *readPath) appendKind(ctx context.Context, shards *index.Shards, dst []Match, keys []uint64, eagle bool) ([]Match, error) {
+// appendKind appends q's matches for the workers of one kind.
+func (r *readPath) appendKind(ctx context.Context, shards *index.Shards, dst []Match, q *lookup, eagle bool) ([]Match, error) {
 	scratch := r.scores.Get().(*[]index.Score)
 	defer r.scores.Put(scratch)
-	scores, err := shards.FindMatches(ctx, (*scratch)[:0], keys)
+	scores, err := q.find(ctx, r, shards, (*scratch)[:0], eagle)
 	*scratch = scores[:0]
 	if errors.Is(err, index.ErrClosed) {
 		return dst, ErrClosed

@@ -80,6 +80,7 @@ func New(cfg Config) (*Pipeline, error) {
 		now:     time.Now,
 	}
 	p.read.scores.New = func() any { return new([]index.Score) }
+	p.read.hashers.New = func() any { return new(index.Hasher) }
 	p.read.weights = cfg.TierWeights
 	p.publish()
 	if cfg.Tap != nil {

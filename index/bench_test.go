@@ -325,7 +325,7 @@ func benchIngest(b *testing.B, trace func(*testing.B) ([]Batch, [][]uint64)) {
 // prompts against the index the trace left behind (8 workers), idle and
 // under full ingest: another goroutine replays the trace into the same
 // shards as 8 more workers, flat out, each pass ending with their clears.
-// By keys, and from tokens (Prompt, then FindMatches). It reports each
+// By keys, and from tokens (FindMatchesRequest). It reports each
 // lookup's latency percentiles, overall and per prompt length (up to 512
 // keys, up to 2,048, longer), the lookups and the blocks applied per second;
 // allocs/op counts the ingest's allocations too.
@@ -370,8 +370,9 @@ func asWorkers(steps []Batch, first WorkerID) []Batch {
 	return out
 }
 
-// lookups times FindMatches of prompts (from tokens, when given, hashed in
-// the timed call) while replay, if any, is fed to s in a loop.
+// lookups times FindMatches of prompts (from tokens, when given:
+// FindMatchesRequest, hashing in the timed call) while replay, if any, is
+// fed to s in a loop.
 func lookups(b *testing.B, s *Shards, prompts [][]uint64, tokens [][]uint32, replay []Batch) {
 	ctx := context.Background()
 	var sent atomic.Int64 // blocks handed to the shards
@@ -391,8 +392,8 @@ func lookups(b *testing.B, s *Shards, prompts [][]uint64, tokens [][]uint32, rep
 	}()
 	lat := newLatencies()
 	var dst []Score
-	var keys []uint64
 	var h Hasher
+	var r Request
 	matched := 0
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -401,12 +402,14 @@ func lookups(b *testing.B, s *Shards, prompts [][]uint64, tokens [][]uint32, rep
 	for b.Loop() {
 		p := prompts[i%len(prompts)]
 		start := time.Now()
-		if tokens != nil {
-			keys = h.Prompt(keys[:0], tokens[i%len(tokens)], 16)
-			p = keys
-		}
 		var err error
-		if dst, err = s.FindMatches(ctx, dst[:0], p); err != nil {
+		if tokens != nil {
+			r.Tokens = tokens[i%len(tokens)]
+			dst, err = s.FindMatchesRequest(ctx, dst[:0], &h, &r, 16, false)
+		} else {
+			dst, err = s.FindMatches(ctx, dst[:0], p)
+		}
+		if err != nil {
 			b.Fatal(err)
 		}
 		lat.add(len(p), time.Since(start))

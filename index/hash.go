@@ -19,8 +19,11 @@ const Seed = 1337
 // hash, both little-endian. Equal prefixes, and only they, get equal keys.
 // A block that also depends on an adapter, a cache salt or a multimodal
 // input gets its key from Key, which mixes those in (docs/FORMAT.md §10.1).
-// A Hasher reuses a scratch buffer: give each goroutine its own.
-type Hasher struct{ buf []byte }
+// A Hasher reuses its scratch: give each goroutine its own.
+type Hasher struct {
+	buf  []byte
+	keys []uint64 // Shards.FindMatchesRequest's
+}
 
 // tokenHash is the seeded xxh3-64 of one block's tokens.
 func (h *Hasher) tokenHash(tokens []uint32) uint64 {
@@ -56,7 +59,10 @@ func (h *Hasher) block(parent uint64, hasParent bool, tokens []uint32) uint64 {
 // is RequestKeys for a request on the base model, with no salt and no
 // multimodal input.
 func (h *Hasher) Prompt(dst []uint64, tokens []uint32, blockSize int) []uint64 {
-	if blockSize == 16 {
+	switch {
+	case blockSize <= 0: // no block: without this, an endless loop
+		return dst
+	case blockSize == 16:
 		return prompt16(dst, tokens)
 	}
 	var parent uint64
