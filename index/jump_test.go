@@ -270,3 +270,114 @@ func TestChainsForgetEverything(t *testing.T) {
 		}
 	}
 }
+
+// chainsModel is what chains must count, kept the obvious way.
+type chainsModel struct {
+	refs   map[uint64]uint32
+	link   map[uint64]Link
+	parent map[uint64]uint64
+}
+
+func (m *chainsModel) kids(k uint64) (n uint32) {
+	for j, r := range m.refs {
+		if r > 0 && m.link[j] == LinkChild && m.parent[j] == k {
+			n++
+		}
+	}
+	return n
+}
+
+func (m *chainsModel) orphans() (n int) {
+	for j, r := range m.refs {
+		if r > 0 && (m.link[j] == LinkNone || m.link[j] == LinkChild && m.refs[m.parent[j]] == 0) {
+			n++
+		}
+	}
+	return n
+}
+
+// check compares c's records and counts with the model's, over keys.
+func (m *chainsModel) check(t *testing.T, c *chains, keys int) {
+	t.Helper()
+	n := 0
+	for k := range uint64(keys) {
+		refs, kids := m.refs[k], m.kids(k)
+		i, ok := c.find(k)
+		if refs == 0 && kids == 0 {
+			if ok {
+				t.Fatalf("key %d: a record, want none", k)
+			}
+			continue
+		}
+		n++
+		if !ok || c.refs(i) != refs || c.kids(i) != kids {
+			t.Fatalf("key %d: found %v refs %d kids %d, want refs %d kids %d", k, ok, c.refs(i), c.kids(i), refs, kids)
+		}
+	}
+	if c.n != n || c.orphans != m.orphans() {
+		t.Fatalf("%d records and %d orphans, want %d and %d", c.n, c.orphans, n, m.orphans())
+	}
+}
+
+// Counts past what a slot's byte holds (many references to one key, many
+// children of one parent) are kept exactly, and leave nothing behind.
+func TestChainsLargeCounts(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		keys       int
+		storeShare int // of 10 steps, stores
+		parents    int // the keys a store's parent is drawn from
+	}{
+		{"few keys, mostly stores", 3, 7, 3},
+		{"key 0 among few", 2, 6, 2},
+		{"some keys, even", 12, 5, 12},
+		{"many children of one parent", 24, 7, 1},
+		{"many children of two", 30, 6, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(tc.keys), 3))
+			var c chains
+			sawBig := false
+			m := chainsModel{refs: map[uint64]uint32{}, link: map[uint64]Link{}, parent: map[uint64]uint64{}}
+			for range 4000 {
+				k := uint64(rng.IntN(tc.keys))
+				if rng.IntN(10) >= tc.storeShare {
+					known, last := c.remove(k)
+					if want := m.refs[k] > 0; known != want || last != (m.refs[k] == 1) {
+						t.Fatalf("remove %d: known %v last %v, with %d references", k, known, last, m.refs[k])
+					}
+					if m.refs[k] > 0 {
+						m.refs[k]--
+					}
+				} else {
+					link, parent := Link(rng.IntN(3)), uint64(rng.IntN(tc.parents))
+					if first := c.store(k, link, parent); first != (m.refs[k] == 0) {
+						t.Fatalf("store %d: first %v, with %d references", k, first, m.refs[k])
+					}
+					if m.refs[k] == 0 {
+						if link == LinkChild && parent == k {
+							link = LinkNone
+						}
+						m.link[k], m.parent[k] = link, parent
+					}
+					m.refs[k]++
+				}
+				m.check(t, &c, tc.keys)
+				sawBig = sawBig || len(c.big) > 0
+			}
+			for k := range uint64(tc.keys) {
+				for m.refs[k] > 0 {
+					c.remove(k)
+					m.refs[k]--
+				}
+			}
+			m.check(t, &c, tc.keys)
+			if !sawBig {
+				t.Error("no count went past a slot's byte")
+			}
+			if len(c.big) != 0 {
+				t.Errorf("%d keys left with large counts, want none", len(c.big))
+			}
+		})
+	}
+}
