@@ -32,8 +32,7 @@ type Config struct {
 	// Shard is the worker's shard queue (shared with the shard's other
 	// workers). Its capacity bounds the actor's batches in flight: the actor
 	// makes batches as needed, up to that many and two more (one being
-	// applied, one being filled), and keeps up to 16 of them for reuse once
-	// applied.
+	// applied, one being filled), and reuses them once applied.
 	Shard        chan<- *index.Batch
 	Backpressure Backpressure
 	// Weights are the router's tier weights (index.Score.Weighted); a tier
@@ -110,7 +109,7 @@ func New(cfg Config) *Actor {
 	}
 	a := &Actor{cfg: cfg, decoder: codec.NewDecoder(), warn: pace.NewWarner(cfg.Logger, "kvpipe/actor: "), fresh: true}
 	a.m = mapping{out: &a.out, stats: &a.stats, max: cfg.MaxBlocks}
-	a.out = outbox{cfg: &a.cfg, stats: &a.stats, free: make(chan *index.Batch, min(cap(cfg.Shard)+2, keptBatches)), dropped: a.m.dropped, stale: &a.stale}
+	a.out = outbox{cfg: &a.cfg, stats: &a.stats, free: make(chan *index.Batch, cap(cfg.Shard)+2), dropped: a.m.dropped, stale: &a.stale}
 	a.groups = groups{main: make(map[int]bool), weights: &a.cfg.Weights}
 	a.stats.Partial.Store(true)
 	a.stats.Eagle.Store(cfg.Eagle)

@@ -11,19 +11,13 @@ import (
 // long prompt) is applied in parts rather than holding its shard at once.
 const maxOps = 256
 
-// keptBatches is how many applied batches a worker keeps for reuse (about
-// 6 KiB each). The shard hands back more only while the pool has room, and
-// the rest go to the GC: a worker whose shard queue once filled would
-// otherwise keep its whole depth of batches (1.5 MiB at 256) while idle.
-const keptBatches = 16
-
 // outbox fills batches of ops and hands them to the worker's shard, with
 // the backpressure the config asks for, reusing the batches the shard hands
 // back.
 type outbox struct {
 	cfg   *Config
 	stats *counters
-	free  chan *index.Batch // batches the shard handed back, keptBatches at most
+	free  chan *index.Batch // batches the shard handed back
 	out   *index.Batch      // being filled; nil until the first op
 	// resync: a dropped batch left the index behind; the next batch the
 	// shard takes clears the worker first. Until then stale mirrors it for
@@ -69,11 +63,12 @@ func (o *outbox) emit(op index.Op) {
 	o.out.Ops = append(o.out.Ops, op)
 }
 
-// take returns a batch to fill: a free one, or else a new one. A worker
-// whose shard keeps up cycles the same few batches, so the steady state
-// allocates nothing; one whose shard falls behind by more than keptBatches
-// allocates what it queues past them, and the GC takes those back once
-// they are applied (the shard and keep hand a batch back only into room).
+// take returns a batch to fill: a free one, or else a new one. At most
+// cap(free) ever exist: when take runs, none is being filled, at most
+// cap(Shard) are queued and one is being applied, and every other one is
+// in free (flush and drop put back what they do not send, and the shard
+// returns what it applied), so a new one is made only while fewer exist,
+// and the shard's hand-back into free never blocks.
 func (o *outbox) take() *index.Batch {
 	select {
 	case b := <-o.free:
@@ -137,7 +132,8 @@ func (o *outbox) settle() bool {
 		o.sent()
 		return false
 	default:
-		o.keep(b)
+		b.Ops = b.Ops[:0]
+		o.free <- b
 		return true
 	}
 }
@@ -155,14 +151,6 @@ func (o *outbox) drop(b *index.Batch) {
 	o.dropped()
 	o.stats.zeroHeld()
 	o.stats.Partial.Store(true)
-	o.keep(b)
-}
-
-// keep puts b back in the pool, if it has room.
-func (o *outbox) keep(b *index.Batch) {
 	b.Ops = b.Ops[:0]
-	select {
-	case o.free <- b:
-	default:
-	}
+	o.free <- b
 }

@@ -5,7 +5,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
-	"time"
 
 	"go.uber.org/goleak"
 )
@@ -200,44 +199,5 @@ func TestShardsAgainstModel(t *testing.T) {
 		if _, err := shards.FindMatches(context.Background(), nil, []uint64{1}); err != ErrClosed {
 			t.Errorf("FindMatches after Close: %v, want ErrClosed", err)
 		}
-	}
-}
-
-// A shard hands an applied batch back only into room on Return: a sender
-// whose pool is full gets it no more (the GC takes it), and the shard goes
-// on rather than waiting for the sender.
-func TestShardHandsBackOnlyIntoRoom(t *testing.T) {
-	s := NewShards(1, 4)
-	ret := make(chan *Batch, 1)
-	for i := range 3 {
-		s.Queue(1) <- &Batch{Worker: 1, Ops: []Op{{Kind: OpStore, Hash: uint64(i + 1)}}, Return: ret}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // a shard stuck on a full Return never syncs
-	defer cancel()
-	if err := s.Sync(ctx); err != nil {
-		t.Errorf("Sync: %v: the shard waits for room on Return", err)
-		drained := make(chan struct{})
-		go func() { // unstick the shard, so that it stops
-			for {
-				select {
-				case <-ret:
-				case <-drained:
-					return
-				}
-			}
-		}()
-		s.Close()
-		close(drained)
-		return
-	}
-	defer s.Close()
-	if got := len(ret); got != 1 {
-		t.Errorf("%d batches handed back into a pool of 1, want 1", got)
-	}
-	if b := <-ret; len(b.Ops) != 0 {
-		t.Errorf("a batch came back with %d ops, want it emptied", len(b.Ops))
-	}
-	if got := s.Nodes(0); got != 3 {
-		t.Errorf("%d blocks indexed, want 3", got)
 	}
 }

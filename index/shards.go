@@ -38,9 +38,8 @@ type Op struct {
 }
 
 // Batch carries one worker's ops to its shard, in order. The shard hands
-// it back on Return once applied, if Return has room (else the batch is
-// left to the GC), so that a sender can reuse it and its steady state
-// allocate nothing, without keeping every batch it ever queued.
+// it back on Return once applied, so a worker cycles at most its shard
+// queue's capacity and two more, and the steady state allocates nothing.
 type Batch struct {
 	Worker WorkerID
 	Ops    []Op
@@ -259,9 +258,6 @@ func (sh *shard) apply(b *Batch) {
 	sh.unknownRemoves.Store(int64(ix.unknownRemoves))
 	if b.Return != nil {
 		b.Ops = b.Ops[:0]
-		select {
-		case b.Return <- b:
-		default: // the sender's pool is full: the batch goes to the GC
-		}
+		b.Return <- b
 	}
 }
