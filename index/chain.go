@@ -29,17 +29,12 @@ const (
 // backward shift, so no tombstones): a store or remove of a chain's next
 // block finds its parent's record in the cache lines it just touched, and
 // a lookup of a key never stored ends at the first empty slot. It is sized
-// to its records (a load of 0.7 to 0.875), not to a power of two. A slot
-// is 17 B: its keys, and a byte of link and counts (chainMeta), as a
-// worker's blocks are nearly all one reference and at most a few
-// children; the rare larger counts live in big.
+// to its records (a load of 0.7 to 0.875), not to a power of two.
 type chains struct {
-	recs    []chainRec           // size slots, then key 0's; key 0 marks an empty slot
-	meta    []chainMeta          // recs[i]'s link and counts
-	big     map[uint64]bigCounts // the counts of keys whose meta has a field at fieldMax; nil until one does
-	hasZero bool                 // key 0 has a record
-	n       int                  // records, key 0's included
-	size    int                  // len(recs) - 1
+	recs    []chainRec // size slots, then key 0's; key 0 marks an empty slot
+	hasZero bool       // key 0 has a record
+	n       int        // records, key 0's included
+	size    int        // len(recs) - 1
 	orphans int
 	sink    uint64 // what touch loads, so that the load stays
 }
@@ -47,73 +42,13 @@ type chains struct {
 type chainRec struct {
 	key    uint64
 	parent uint64
+	refs   uint32
+	kids   uint32 // low 30 bits: the count; top 2: the Link
 }
 
-// chainMeta is a record's link (bits 6-7), references (bits 3-5) and
-// children (bits 0-2). A count field at fieldMax means the count is in
-// chains.big.
-type chainMeta uint8
+const kidsMask = 1<<30 - 1
 
-const (
-	fieldMax  = 7
-	kidsShift = 0
-	refsShift = 3
-	linkShift = 6
-)
-
-// bigCounts holds a key's counts whose meta field is at fieldMax; the
-// other is stale.
-type bigCounts struct{ refs, kids uint32 }
-
-func (c *chains) link(i int) Link { return Link(c.meta[i] >> linkShift) }
-
-func (c *chains) setLink(i int, l Link) {
-	c.meta[i] = c.meta[i]&^(3<<linkShift) | chainMeta(l)<<linkShift
-}
-
-func (c *chains) refs(i int) uint32 { return c.count(i, refsShift) }
-func (c *chains) kids(i int) uint32 { return c.count(i, kidsShift) }
-
-// count is the count of the field at shift of recs[i].
-func (c *chains) count(i int, shift uint) uint32 {
-	if v := uint32(c.meta[i]>>shift) & fieldMax; v < fieldMax {
-		return v
-	}
-	b := c.big[c.recs[i].key]
-	if shift == refsShift {
-		return b.refs
-	}
-	return b.kids
-}
-
-// setCount sets the count of the field at shift of recs[i] to n, in big
-// from fieldMax on; a key leaves big once neither field is there.
-func (c *chains) setCount(i int, shift uint, n uint32) {
-	m := c.meta[i]
-	was := uint32(m>>shift)&fieldMax == fieldMax
-	c.meta[i] = m&^(fieldMax<<shift) | chainMeta(min(n, fieldMax))<<shift
-	if n < fieldMax && !was {
-		return
-	}
-	k := c.recs[i].key
-	if n < fieldMax {
-		other := uint(refsShift + kidsShift - shift)
-		if uint32(m>>other)&fieldMax != fieldMax {
-			delete(c.big, k)
-		}
-		return
-	}
-	if c.big == nil {
-		c.big = make(map[uint64]bigCounts)
-	}
-	b := c.big[k]
-	if shift == refsShift {
-		b.refs = n
-	} else {
-		b.kids = n
-	}
-	c.big[k] = b
-}
+func (r *chainRec) link() Link { return Link(r.kids >> 30) }
 
 const minChains = 64
 
@@ -145,11 +80,10 @@ func (c *chains) find(k uint64) (i int, found bool) {
 	}
 }
 
-// touch loads k's home slot, so that its cache misses overlap other work.
+// touch loads k's home slot, so that its cache miss overlaps other work.
 func (c *chains) touch(k uint64) {
 	if c.size > 0 {
-		h := c.home(k)
-		c.sink ^= c.recs[h].key ^ uint64(c.meta[h])
+		c.sink ^= c.recs[c.home(k)].key
 	}
 }
 
@@ -168,40 +102,40 @@ func (c *chains) add(i int, k uint64) {
 	if k == 0 {
 		c.hasZero = true
 	}
-	c.recs[i], c.meta[i] = chainRec{key: k}, 0
+	c.recs[i] = chainRec{key: k}
 }
 
 func (c *chains) resize(size int) {
-	old, oldMeta := c.recs, c.meta
-	c.recs, c.meta = make([]chainRec, size+1), make([]chainMeta, size+1)
+	old := c.recs
+	c.recs = make([]chainRec, size+1)
 	c.size = size
 	for j := range old {
 		if r := old[j]; r.key != 0 {
 			i, _ := c.find(r.key)
-			c.recs[i], c.meta[i] = r, oldMeta[j]
+			c.recs[i] = r
 		}
 	}
 	if c.hasZero {
-		c.recs[size], c.meta[size] = old[len(old)-1], oldMeta[len(old)-1]
+		c.recs[size] = old[len(old)-1]
 	}
 }
 
 // del removes the record at i, shifting back the records after it that
-// would not be found past the hole. Its counts must be 0 (not in big).
+// would not be found past the hole.
 func (c *chains) del(i int) {
 	c.n--
 	if i == c.size {
 		c.hasZero = false
-		c.recs[i], c.meta[i] = chainRec{}, 0
+		c.recs[i] = chainRec{}
 		return
 	}
 	for j := c.next(i); c.recs[j].key != 0; j = c.next(j) {
 		if h := c.home(c.recs[j].key); ring(j-h, c.size) >= ring(j-i, c.size) { // h is not in (i, j]
-			c.recs[i], c.meta[i] = c.recs[j], c.meta[j]
+			c.recs[i] = c.recs[j]
 			i = j
 		}
 	}
-	c.recs[i], c.meta[i] = chainRec{}, 0
+	c.recs[i] = chainRec{}
 }
 
 // next is the slot after i, cyclically.
@@ -228,18 +162,17 @@ func (c *chains) store(k uint64, link Link, parent uint64) (first bool) {
 	}
 	c.reserve(2)
 	i, ok := c.find(k)
-	if ok {
-		if refs := c.refs(i); refs > 0 {
-			c.setCount(i, refsShift, refs+1)
-			return false
-		}
-	} else {
+	if ok && c.recs[i].refs > 0 {
+		c.recs[i].refs++
+		return false
+	}
+	if !ok {
 		c.add(i, k)
 	}
-	c.recs[i].parent = parent
-	c.setCount(i, refsShift, 1)
-	c.setLink(i, link)
-	c.orphans -= int(c.kids(i)) // its children held have their parent now
+	r := &c.recs[i]
+	r.refs, r.parent = 1, parent
+	r.kids = r.kids&kidsMask | uint32(link)<<30
+	c.orphans -= int(r.kids & kidsMask) // its children held have their parent now
 	switch link {
 	case LinkNone:
 		c.orphans++
@@ -248,8 +181,9 @@ func (c *chains) store(k uint64, link Link, parent uint64) (first bool) {
 		if !ok {
 			c.add(pi, parent)
 		}
-		c.setCount(pi, kidsShift, c.kids(pi)+1)
-		if c.refs(pi) == 0 {
+		p := &c.recs[pi]
+		p.kids++
+		if p.refs == 0 {
 			c.orphans++
 		}
 	}
@@ -263,31 +197,26 @@ func (c *chains) remove(k uint64) (known, last bool) {
 		return false, false
 	}
 	i, ok := c.find(k)
-	if !ok {
+	r := &c.recs[i]
+	if !ok || r.refs == 0 {
 		return false, false
 	}
-	switch refs := c.refs(i); refs {
-	case 0:
-		return false, false
-	case 1:
-	default:
-		c.setCount(i, refsShift, refs-1)
+	if r.refs--; r.refs > 0 {
 		return true, false
 	}
-	c.setCount(i, refsShift, 0)
-	link, parent, kids := c.link(i), c.recs[i].parent, c.kids(i)
-	c.setLink(i, LinkNone) // a ghost has no link
+	link, parent, kids := r.link(), r.parent, r.kids&kidsMask
+	r.kids = kids // a ghost has no link
 	c.orphans += int(kids)
 	switch link {
 	case LinkNone:
 		c.orphans--
 	case LinkChild:
 		pi, _ := c.find(parent)
-		pk := c.kids(pi) - 1
-		c.setCount(pi, kidsShift, pk)
-		if c.refs(pi) == 0 {
+		p := &c.recs[pi]
+		p.kids--
+		if p.refs == 0 {
 			c.orphans--
-			if pk == 0 {
+			if p.kids&kidsMask == 0 {
 				// Deleted first: deleting k could move p's record.
 				c.del(pi)
 				if kids == 0 {
@@ -304,9 +233,9 @@ func (c *chains) remove(k uint64) (known, last bool) {
 
 // keys calls f with every key the worker holds.
 func (c *chains) keys(f func(k uint64)) {
-	for i, m := range c.meta {
-		if m>>refsShift&fieldMax != 0 {
-			f(c.recs[i].key)
+	for i := range c.recs {
+		if r := &c.recs[i]; r.refs > 0 {
+			f(r.key)
 		}
 	}
 }
@@ -314,7 +243,5 @@ func (c *chains) keys(f func(k uint64)) {
 // reset forgets every block.
 func (c *chains) reset() {
 	clear(c.recs)
-	clear(c.meta)
-	c.big = nil
 	c.hasZero, c.n, c.orphans = false, 0, 0
 }
