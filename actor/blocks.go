@@ -6,20 +6,76 @@ import (
 )
 
 // blockTable maps the engine's block hashes to blocks: an open-addressing
-// table of 32 B records (linear probing, deletion by backward shift, so no
-// tombstones), sized to its count. A Go map took 40 B a slot, and its
-// tombstones made it grow without bound under an engine's steady churn (a
-// third of its slots live at the end of the Mooncake trace).
+// table (linear probing, deletion by backward shift, so no tombstones),
+// sized to its count. A Go map took 40 B a slot, and its tombstones made it
+// grow without bound under an engine's steady churn (a third of its slots
+// live at the end of the Mooncake trace). A slot is 26 B: a 24 B record of
+// the hashes, 2 B of tiers, flags and generation (blockMeta), and, only in
+// a worker with split blocks, 4 B of split slot.
 type blockTable struct {
-	recs    []blockRec // hash 0 marks an empty slot
-	zero    block      // hash 0's block
+	recs    []blockRec  // hash 0 marks an empty slot
+	meta    []blockMeta // recs[i]'s tiers, flags and generation
+	split   []int32     // recs[i]'s split slot; nil until a split block is set (then -1 for the others)
+	zero    block       // hash 0's block
 	hasZero bool
 	n       int // blocks, hash 0's included
 }
 
 type blockRec struct {
-	hash uint64
-	block
+	hash   uint64
+	key    uint64
+	parent uint64
+}
+
+// blockMeta packs a block's tiers (bits 0-3), flags (bits 4-8) and
+// generation (bits 9-15, so that the generation counter is 7 bits).
+type blockMeta uint16
+
+const (
+	metaFlagsShift = 4
+	metaGenShift   = 9
+)
+
+// packBlock and unpackBlock move a block in and out of slot i.
+func (t *blockTable) packBlock(i int, h uint64, b block) {
+	t.recs[i] = blockRec{hash: h, key: b.key, parent: b.parent}
+	t.meta[i] = blockMeta(b.tiers) | blockMeta(b.flags)<<metaFlagsShift | blockMeta(b.gen)<<metaGenShift
+	if b.split >= 0 && t.split == nil {
+		t.split = make([]int32, len(t.recs))
+		for j := range t.split {
+			t.split[j] = -1
+		}
+	}
+	if t.split != nil {
+		t.split[i] = b.split
+	}
+}
+
+func (t *blockTable) unpackBlock(i int) block {
+	m := t.meta[i]
+	b := block{key: t.recs[i].key, parent: t.recs[i].parent, split: -1,
+		tiers: uint8(m & (1<<metaFlagsShift - 1)), flags: uint8(m>>metaFlagsShift) & (1<<(metaGenShift-metaFlagsShift) - 1),
+		gen: uint16(m >> metaGenShift)}
+	if t.split != nil {
+		b.split = t.split[i]
+	}
+	return b
+}
+
+// move moves slot j's block to slot i.
+func (t *blockTable) move(i, j int) {
+	t.recs[i], t.meta[i] = t.recs[j], t.meta[j]
+	if t.split != nil {
+		t.split[i] = t.split[j]
+	}
+}
+
+// empty empties slot i.
+func (t *blockTable) empty(i int) {
+	t.recs[i], t.meta[i] = blockRec{}, 0
+	if t.split != nil {
+		t.split[i] = -1
+	}
 }
 
 const (
@@ -64,7 +120,10 @@ func (t *blockTable) get(h uint64) (block, bool) {
 		return block{}, false
 	}
 	i, ok := t.find(h)
-	return t.recs[i].block, ok
+	if !ok {
+		return block{}, false
+	}
+	return t.unpackBlock(i), true
 }
 
 // set makes b h's block. Replacing h's block moves no other.
@@ -76,7 +135,7 @@ func (t *blockTable) set(h uint64, b block) {
 	}
 	if len(t.recs) > 0 {
 		if i, ok := t.find(h); ok {
-			t.recs[i].block = b
+			t.packBlock(i, h, b)
 			return
 		}
 	}
@@ -84,7 +143,7 @@ func (t *blockTable) set(h uint64, b block) {
 		t.resize(max(minBlockSlots, (t.n+1)*growNum/growDen))
 	}
 	i, _ := t.find(h)
-	t.recs[i] = blockRec{hash: h, block: b}
+	t.packBlock(i, h, b)
 	t.n++
 }
 
@@ -96,12 +155,18 @@ func b2i(b bool) int {
 }
 
 func (t *blockTable) resize(size int) {
-	old := t.recs
-	t.recs = make([]blockRec, size)
-	for _, r := range old {
+	old := *t
+	t.recs, t.meta = make([]blockRec, size), make([]blockMeta, size)
+	if old.split != nil {
+		t.split = make([]int32, size)
+		for i := range t.split {
+			t.split[i] = -1
+		}
+	}
+	for j, r := range old.recs {
 		if r.hash != 0 {
 			i, _ := t.find(r.hash)
-			t.recs[i] = r
+			t.packBlock(i, r.hash, old.unpackBlock(j))
 		}
 	}
 }
@@ -126,11 +191,11 @@ func (t *blockTable) del(h uint64) {
 		// j's record moves back into the hole at i unless its home lies
 		// cyclically in (i, j]: then a lookup from its home would not pass i.
 		if h := t.home(t.recs[j].hash); (j-h+n)%n >= (j-i+n)%n {
-			t.recs[i] = t.recs[j]
+			t.move(i, j)
 			i = j
 		}
 	}
-	t.recs[i] = blockRec{}
+	t.empty(i)
 }
 
 // all yields every block. The loop's body may replace or delete the block
@@ -148,7 +213,7 @@ func (t *blockTable) all() iter.Seq2[uint64, block] {
 				i++
 				continue
 			}
-			if !yield(h, t.recs[i].block) {
+			if !yield(h, t.unpackBlock(i)) {
 				return
 			}
 			if t.recs[i].hash == h {
@@ -161,9 +226,11 @@ func (t *blockTable) all() iter.Seq2[uint64, block] {
 // reset forgets every block, keeping the slots unless shrink.
 func (t *blockTable) reset(shrink bool) {
 	if shrink {
-		t.recs = nil
+		t.recs, t.meta, t.split = nil, nil, nil
 	} else {
 		clear(t.recs)
+		clear(t.meta)
+		t.split = nil
 	}
 	t.zero, t.hasZero, t.n = block{}, false, 0
 }

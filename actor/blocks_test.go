@@ -8,17 +8,31 @@ import (
 	"github.com/kvpipe/kvpipe/index"
 )
 
+// randomBlock is a block with every field drawn, split ones if splits.
+func randomBlock(r *rand.Rand, splits bool) block {
+	b := block{key: r.Uint64(), parent: r.Uint64(), split: -1, gen: uint16(r.IntN(genCount)),
+		tiers: uint8(r.IntN(1 << index.NumTiers)), flags: uint8(r.IntN(restoredMask | flagParent + 1))}
+	if splits && r.IntN(4) == 0 {
+		b.split = r.Int32N(1 << 20)
+	}
+	return b
+}
+
 // The table answers as a Go map does through sets, replacements and
-// deletions, hash 0 and clustered hashes included, and all visits every
+// deletions, hash 0 and clustered hashes included, every field of a block
+// kept (split slots from the first split block on), and all visits every
 // block once even while deleting the blocks it visits.
 func TestBlockTableAgainstMap(t *testing.T) {
 	for _, c := range []struct {
 		name   string
 		hashes func(r *rand.Rand) uint64
+		splits bool
 	}{
-		{"random", func(r *rand.Rand) uint64 { return r.Uint64() >> r.IntN(64) }},
-		{"small", func(r *rand.Rand) uint64 { return r.Uint64N(300) }},
-		{"clustered", func(r *rand.Rand) uint64 { return r.Uint64N(200) << 40 }},
+		{"random", func(r *rand.Rand) uint64 { return r.Uint64() >> r.IntN(64) }, false},
+		{"small", func(r *rand.Rand) uint64 { return r.Uint64N(300) }, false},
+		{"clustered", func(r *rand.Rand) uint64 { return r.Uint64N(200) << 40 }, false},
+		{"random with splits", func(r *rand.Rand) uint64 { return r.Uint64() >> r.IntN(64) }, true},
+		{"clustered with splits", func(r *rand.Rand) uint64 { return r.Uint64N(200) << 40 }, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(1, 2))
@@ -28,7 +42,7 @@ func TestBlockTableAgainstMap(t *testing.T) {
 				h := c.hashes(r)
 				switch r.IntN(4) {
 				case 0, 1:
-					b := block{key: r.Uint64(), split: -1}
+					b := randomBlock(r, c.splits && step > 1000)
 					tb.set(h, b)
 					model[h] = b
 				case 2:
@@ -87,25 +101,26 @@ func TestBlockTableHashZeroAlone(t *testing.T) {
 	}
 }
 
-// A block is 24 B, so that a record is 32: what BenchmarkIndexMemory counts.
+// A slot is a 24 B record and 2 B of meta (without split blocks): what
+// BenchmarkIndexMemory counts.
 func TestBlockRecordSize(t *testing.T) {
-	if s := unsafe.Sizeof(blockRec{}); s != 32 {
-		t.Errorf("a block record takes %d B, want 32", s)
+	if s := unsafe.Sizeof(blockRec{}) + unsafe.Sizeof(blockMeta(0)); s != 26 {
+		t.Errorf("a block slot takes %d B, want 26", s)
 	}
 }
 
-// A block indexed in an earlier generation is not held once the 16-bit
+// A block indexed in an earlier generation is not held once the 7-bit
 // generation counter wraps around to its generation again.
 func TestGenerationWrap(t *testing.T) {
 	m := mapping{out: &outbox{}, stats: &counters{}}
 	m.gen = 7
 	m.routerOf.set(1, block{key: 10, gen: 7, tiers: bit(index.TierDevice), split: -1})
 	m.routerOf.set(2, block{key: 20, gen: 7, tiers: bit(index.TierHost), split: -1})
-	for range 1 << 16 {
+	for range genCount {
 		m.dropped()
 	}
 	if m.gen != 7 {
-		t.Fatalf("gen %d after 65,536 generations, want 7 again", m.gen)
+		t.Fatalf("gen %d after %d generations, want 7 again", m.gen, genCount)
 	}
 	for h, b := range m.routerOf.all() {
 		if held := b.held(m.gen); held != 0 {

@@ -5,21 +5,25 @@ import (
 	"github.com/kvpipe/kvpipe/index"
 )
 
-// block is what the actor knows of one engine block: 24 B, so that a
-// table record with its hash is 32.
+// block is what the actor knows of one engine block, as blockTable hands it
+// out (it keeps a block in 26 B with its hash).
 type block struct {
 	key    uint64 // the router's key (of its last router block, when split)
 	parent uint64 // the engine's hash of its parent
 	// split >= 0: the slot of its first router keys in splitKeys, for an
 	// engine block of several router blocks.
 	split int32
-	gen   uint16 // the generation tiers was set in (see current)
+	gen   uint16 // the generation tiers was set in (see current), below genCount
 	tiers uint8  // the tiers the index holds it in, as of gen
 	// flags: the tiers a snapshot says it is in (restoredMask), indexed
 	// once the snapshot's position is proven (Actor.pending), and
 	// flagParent.
 	flags uint8
 }
+
+// genCount is how many generations the counter tells apart: blockTable
+// keeps a block's in 7 bits.
+const genCount = 1 << (16 - metaGenShift)
 
 const (
 	restoredMask = 1<<index.NumTiers - 1
@@ -153,9 +157,9 @@ func (m *mapping) dropped() {
 
 // nextGen starts a generation: no block is indexed in it yet. When the
 // counter wraps, every block's tiers are emptied first, so that none stored
-// 65,536 generations ago looks current (block.current).
+// genCount generations ago looks current (block.current).
 func (m *mapping) nextGen() {
-	if m.gen++; m.gen != 0 {
+	if m.gen = (m.gen + 1) % genCount; m.gen != 0 {
 		return
 	}
 	for h, b := range m.routerOf.all() {
