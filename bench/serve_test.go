@@ -343,11 +343,16 @@ func connectClient(b *testing.B, url string) rpcClient {
 // grpcgo-stream-N).
 func matcher(b *testing.B, via string, p *kvpipe.Pipeline, at servers, prompts [][]uint64) (func([]uint64) error, int) {
 	ctx := context.Background()
-	lib, mode, _ := strings.Cut(via, "-")
+	_, mode, _ := strings.Cut(via, "-")
 	switch {
+	case via == "inprocess":
+		var dst []kvpipe.Match
+		return func(keys []uint64) (err error) {
+			dst, err = p.AppendMatches(ctx, dst[:0], keys)
+			return err
+		}, 1
 	case via == "json":
 		return jsonMatcher(b, at.url), 1
-	case lib == "inprocess": // below
 	case mode == "":
 		c := rpcClientOf(b, via, at)
 		return func(keys []uint64) error {
@@ -358,14 +363,8 @@ func matcher(b *testing.B, via string, p *kvpipe.Pipeline, at servers, prompts [
 		return batchMatcher(rpcClientOf(b, via, at), prompts), batchSize
 	case mode == "stream":
 		return streamMatcher(b, rpcClientOf(b, via, at)), 1
-	default:
-		return nil, 1
 	}
-	var dst []kvpipe.Match
-	return func(keys []uint64) (err error) {
-		dst, err = p.AppendMatches(ctx, dst[:0], keys)
-		return err
-	}, 1
+	return nil, 1 // a stream with N in flight: newAsker's
 }
 
 // jsonMatcher asks POST /v1/match over HTTP/1.1 keep-alive, as curl or a
@@ -440,25 +439,32 @@ type pipelinedStream struct {
 	req    kvpipev1.MatchRequest
 	sent   chan time.Time // one per request in flight: n at most
 	done   chan error     // the receiver's end
+	ended  chan struct{}  // closed once the receiver has ended
 	lat    []time.Duration
 	once   sync.Once
 }
 
 func newPipelinedStream(b *testing.B, stream matchStream, n int) *pipelinedStream {
-	s := &pipelinedStream{stream: stream, sent: make(chan time.Time, n), done: make(chan error, 1)}
+	s := &pipelinedStream{stream: stream, sent: make(chan time.Time, n), done: make(chan error, 1),
+		ended: make(chan struct{})}
 	go s.receive()
 	b.Cleanup(func() { s.finish(b) })
 	return s
 }
 
 func (s *pipelinedStream) send(keys []uint64) error {
-	s.sent <- time.Now() // waits while n are in flight
+	select { // waits while n are in flight
+	case s.sent <- time.Now():
+	case <-s.ended: // nothing frees a place any more
+		return errors.New("match stream: the answers ended")
+	}
 	s.req.Keys = keys
 	return s.stream.Send(&s.req)
 }
 
 // receive takes the answers until the server ends the stream.
 func (s *pipelinedStream) receive() {
+	defer close(s.ended)
 	for {
 		a, err := s.stream.Receive()
 		if err != nil {
