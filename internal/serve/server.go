@@ -142,7 +142,7 @@ func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 	path, h := kvpipev1connect.NewIndexServiceHandler(s.svc,
 		connect.WithInterceptors(s.svc.guard.interceptor()), connect.WithReadMaxBytes(s.cfg.MaxMessageBytes),
-		connect.WithCompressMinBytes(compressMinBytes), connect.WithCodec(matchCodec{}))
+		connect.WithCompressMinBytes(compressMinBytes))
 	mux.Handle(path, h)
 	s.restRoutes(mux)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
