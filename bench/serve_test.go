@@ -32,7 +32,8 @@ import (
 // by kvpipe serve, with its matches asked in process, over gRPC (h2c: one
 // Match a call; MatchBatch of batchSize prompts a call; MatchStream, one
 // prompt a message on one stream, the next sent once the answer is in, or
-// up to 8 in flight, grpc-stream-8) and over POST /v1/match on loopback, by
+// up to 8 in flight, grpc-stream-8), served and asked by connect-go (grpc)
+// or by grpc-go (grpcgo), and over POST /v1/match on loopback, by
 // one client flat out and at 5k calls/s (that only while the trace streams
 // in flat out, and not for the batch and the streams); finds are calls,
 // matches/s counts prompts; the client runs on the same cores.
@@ -62,7 +63,8 @@ func BenchmarkServe(b *testing.B) {
 
 // serveVias are the ways BenchmarkServe asks; the stream with several
 // requests in flight only where it is measured with CPU time.
-var serveVias = []string{"inprocess", "grpc", "grpc-batch", "grpc-stream", "grpc-stream-8", "json"}
+var serveVias = []string{"inprocess", "grpc", "grpc-batch", "grpc-stream", "grpc-stream-8",
+	"grpcgo", "grpcgo-batch", "grpcgo-stream", "grpcgo-stream-8", "json"}
 
 // serveIngesting: each case its own pipeline, which each pass streams the
 // trace into (over 10 s when paced), from empty to empty.
@@ -74,7 +76,7 @@ func serveIngesting(b *testing.B, w *workload, paced bool) {
 	}
 	for _, via := range serveVias {
 		for _, rate := range rates {
-			if rate > 0 && strings.HasPrefix(via, "grpc-") {
+			if rate > 0 && strings.Contains(via, "-") {
 				continue
 			}
 			q := "query=flat"
@@ -82,9 +84,9 @@ func serveIngesting(b *testing.B, w *workload, paced bool) {
 				q = fmt.Sprintf("query=%dk", rate/1000)
 			}
 			b.Run(via+"/"+q, func(b *testing.B) {
-				var url string
-				p, pass := loopback(b, w, 2, spread, func(b *testing.B, p *kvpipe.Pipeline) { url = runServe(b, p) })
-				ask := newAsker(b, via, p, url, w.prompts)
+				var at servers
+				p, pass := loopback(b, w, 2, spread, func(b *testing.B, p *kvpipe.Pipeline) { at = runServe(b, p) })
+				ask := newAsker(b, via, p, at, w.prompts)
 				measure(b, w, rate, pass, ask.find)
 				ask.report(b)
 			})
@@ -103,12 +105,12 @@ func serveSettled(b *testing.B, w *workload, live bool) {
 	}
 	settled := *w              // loopback's pass publishes what this holds when called
 	settled.clear = emptyBatch // the index stays as the pass leaves it
-	var url string
+	var at servers
 	spread := time.Duration(0)
 	if live {
 		spread = tick
 	}
-	p, pass := loopback(b, &settled, 2, spread, func(b *testing.B, p *kvpipe.Pipeline) { url = runServe(b, p) })
+	p, pass := loopback(b, &settled, 2, spread, func(b *testing.B, p *kvpipe.Pipeline) { at = runServe(b, p) })
 	pass()
 	in := &ticks{tick: tick, pass: func() { time.Sleep(tick) }}
 	if live {
@@ -116,7 +118,7 @@ func serveSettled(b *testing.B, w *workload, live bool) {
 	}
 	for _, via := range serveVias {
 		b.Run(via+"/query=flat", func(b *testing.B) {
-			ask := newAsker(b, via, p, url, w.prompts)
+			ask := newAsker(b, via, p, at, w.prompts)
 			// The process's CPU time is the calls' (and the live ingest's):
 			// per match, a figure the machine's load does not move.
 			runtime.GC() // each case from the same heap, not the garbage of the one before
@@ -208,8 +210,13 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// runServe runs kvpipe serve for p on loopback until the benchmark ends.
-func runServe(b *testing.B, p *kvpipe.Pipeline) string {
+// servers are where runServe answers: kvpipe serve's URL, and the address
+// of grpc-go serving the same matches.
+type servers struct{ url, grpcgo string }
+
+// runServe runs kvpipe serve for p on loopback, and grpc-go beside it,
+// until the benchmark ends.
+func runServe(b *testing.B, p *kvpipe.Pipeline) servers {
 	s, err := serve.New(context.Background(), serve.Config{Pipeline: p, BlockSize: blockSize})
 	if err != nil {
 		b.Fatal(err)
@@ -227,7 +234,7 @@ func runServe(b *testing.B, p *kvpipe.Pipeline) string {
 			b.Error(err)
 		}
 	})
-	return "http://" + l.Addr().String()
+	return servers{url: "http://" + l.Addr().String(), grpcgo: runGRPCGo(b, s)}
 }
 
 // batchSize is how many prompts a grpc-batch call asks: what a router
@@ -264,56 +271,100 @@ func reportLatencies(b *testing.B, lat []time.Duration) {
 	b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds()), "find-p99-ns")
 }
 
-func newAsker(b *testing.B, via string, p *kvpipe.Pipeline, url string, prompts [][]uint64) *asker {
-	find, perCall := matcher(b, via, p, url, prompts)
+func newAsker(b *testing.B, via string, p *kvpipe.Pipeline, at servers, prompts [][]uint64) *asker {
+	find, perCall := matcher(b, via, p, at, prompts)
 	a := &asker{perCall: perCall}
 	if find == nil { // grpc-stream-N
-		n, err := strconv.Atoi(strings.TrimPrefix(via, "grpc-stream-"))
+		_, n, _ := strings.Cut(via, "-stream-")
+		inFlight, err := strconv.Atoi(n)
 		if err != nil {
 			b.Fatalf("via %q: %v", via, err)
 		}
-		a.stream = newPipelinedStream(b, grpcClient(b, url), n)
+		a.stream = newPipelinedStream(b, rpcClientOf(b, via, at).stream(), inFlight)
 		find = a.stream.send
 	}
 	a.find = func(keys []uint64) error { a.calls.Add(1); return find(keys) }
 	return a
 }
 
-// grpcClient is a connect-go gRPC client over h2c.
-func grpcClient(b *testing.B, url string) kvpipev1connect.IndexServiceClient {
+// rpcClient is a gRPC client of the match calls, of either library.
+type rpcClient struct {
+	match  func(context.Context, *kvpipev1.MatchRequest) (*kvpipev1.MatchResponse, error)
+	batch  func(context.Context, *kvpipev1.MatchBatchRequest) (*kvpipev1.MatchBatchResponse, error)
+	stream func() matchStream
+}
+
+// matchStream is a client's MatchStream (connect-go's methods).
+type matchStream interface {
+	Send(*kvpipev1.MatchRequest) error
+	Receive() (*kvpipev1.MatchResponse, error)
+	CloseRequest() error
+	CloseResponse() error
+}
+
+// rpcClientOf is the client via names: grpcgo... asks grpc-go's server
+// with grpc-go, grpc... kvpipe serve's with connect-go.
+func rpcClientOf(b *testing.B, via string, at servers) rpcClient {
+	if strings.HasPrefix(via, "grpcgo") {
+		return grpcgoClient(b, at.grpcgo)
+	}
+	return connectClient(b, at.url)
+}
+
+// connectClient is a connect-go gRPC client over h2c.
+func connectClient(b *testing.B, url string) rpcClient {
 	tr := &http.Transport{Protocols: new(http.Protocols), MaxIdleConnsPerHost: 4}
 	tr.Protocols.SetUnencryptedHTTP2(true)
 	client := &http.Client{Transport: tr}
 	b.Cleanup(client.CloseIdleConnections)
-	return kvpipev1connect.NewIndexServiceClient(client, url, connect.WithGRPC())
+	c := kvpipev1connect.NewIndexServiceClient(client, url, connect.WithGRPC())
+	return rpcClient{
+		match: func(ctx context.Context, r *kvpipev1.MatchRequest) (*kvpipev1.MatchResponse, error) {
+			resp, err := c.Match(ctx, connect.NewRequest(r))
+			if err != nil {
+				return nil, err
+			}
+			return resp.Msg, nil
+		},
+		batch: func(ctx context.Context, r *kvpipev1.MatchBatchRequest) (*kvpipev1.MatchBatchResponse, error) {
+			resp, err := c.MatchBatch(ctx, connect.NewRequest(r))
+			if err != nil {
+				return nil, err
+			}
+			return resp.Msg, nil
+		},
+		stream: func() matchStream { return c.MatchStream(context.Background()) },
+	}
 }
 
 // matcher asks one prompt's keys the way via says, and says how many
 // prompts each call asks: grpc-batch asks the prompt and the batchSize-1
-// prompts after it in prompts. A nil func: via is grpc-stream-N.
-func matcher(b *testing.B, via string, p *kvpipe.Pipeline, url string, prompts [][]uint64) (func([]uint64) error, int) {
+// prompts after it in prompts. A nil func: via is grpc-stream-N (or
+// grpcgo-stream-N).
+func matcher(b *testing.B, via string, p *kvpipe.Pipeline, at servers, prompts [][]uint64) (func([]uint64) error, int) {
 	ctx := context.Background()
+	_, mode, _ := strings.Cut(via, "-")
 	switch {
-	case via == "grpc":
-		c := grpcClient(b, url)
-		return func(keys []uint64) error {
-			_, err := c.Match(ctx, connect.NewRequest(&kvpipev1.MatchRequest{Keys: keys}))
+	case via == "inprocess":
+		var dst []kvpipe.Match
+		return func(keys []uint64) (err error) {
+			dst, err = p.AppendMatchesKeys(ctx, dst[:0], keys, nil)
 			return err
 		}, 1
-	case via == "grpc-batch":
-		return batchMatcher(grpcClient(b, url), prompts), batchSize
-	case via == "grpc-stream":
-		return streamMatcher(b, grpcClient(b, url)), 1
-	case strings.HasPrefix(via, "grpc-stream-"):
-		return nil, 1
 	case via == "json":
-		return jsonMatcher(b, url), 1
+		return jsonMatcher(b, at.url), 1
+	case mode == "":
+		c := rpcClientOf(b, via, at)
+		return func(keys []uint64) error {
+			_, err := c.match(ctx, &kvpipev1.MatchRequest{Keys: keys})
+			return err
+		}, 1
+	case mode == "batch":
+		return batchMatcher(rpcClientOf(b, via, at), prompts), batchSize
+	case mode == "stream":
+		return streamMatcher(b, rpcClientOf(b, via, at)), 1
 	}
-	var dst []kvpipe.Match
-	return func(keys []uint64) (err error) {
-		dst, err = p.AppendMatchesKeys(ctx, dst[:0], keys, nil)
-		return err
-	}, 1
+	return nil, 1 // a stream with N in flight: newAsker's
 }
 
 // jsonMatcher asks POST /v1/match over HTTP/1.1 keep-alive, as curl or a
@@ -340,7 +391,7 @@ func jsonMatcher(b *testing.B, url string) func([]uint64) error {
 
 // batchMatcher asks, in one MatchBatch, the prompt it is given and the
 // batchSize-1 after it in prompts (those after the last prompt so given).
-func batchMatcher(c kvpipev1connect.IndexServiceClient, prompts [][]uint64) func([]uint64) error {
+func batchMatcher(c rpcClient, prompts [][]uint64) func([]uint64) error {
 	reqs := make([]*kvpipev1.MatchRequest, batchSize)
 	for i := range reqs {
 		reqs[i] = &kvpipev1.MatchRequest{}
@@ -352,9 +403,9 @@ func batchMatcher(c kvpipev1connect.IndexServiceClient, prompts [][]uint64) func
 			reqs[i].Keys = prompts[(next+i)%len(prompts)]
 		}
 		next = (next + batchSize) % len(prompts)
-		resp, err := c.MatchBatch(context.Background(), connect.NewRequest(&kvpipev1.MatchBatchRequest{Requests: reqs}))
-		if err == nil && len(resp.Msg.Responses) != batchSize {
-			err = fmt.Errorf("MatchBatch: %d answers to %d requests", len(resp.Msg.Responses), batchSize)
+		resp, err := c.batch(context.Background(), &kvpipev1.MatchBatchRequest{Requests: reqs})
+		if err == nil && len(resp.Responses) != batchSize {
+			err = fmt.Errorf("MatchBatch: %d answers to %d requests", len(resp.Responses), batchSize)
 		}
 		return err
 	}
@@ -362,8 +413,8 @@ func batchMatcher(c kvpipev1connect.IndexServiceClient, prompts [][]uint64) func
 
 // streamMatcher asks each prompt on one MatchStream, waiting for its
 // answer before the next, until the benchmark ends.
-func streamMatcher(b *testing.B, c kvpipev1connect.IndexServiceClient) func([]uint64) error {
-	stream := c.MatchStream(context.Background())
+func streamMatcher(b *testing.B, c rpcClient) func([]uint64) error {
+	stream := c.stream()
 	b.Cleanup(func() {
 		stream.CloseRequest()
 		stream.CloseResponse()
@@ -384,29 +435,36 @@ func streamMatcher(b *testing.B, c kvpipev1connect.IndexServiceClient) func([]ui
 // unanswered; a goroutine receives the answers, in the order asked, and
 // times each from its send.
 type pipelinedStream struct {
-	stream *connect.BidiStreamForClient[kvpipev1.MatchRequest, kvpipev1.MatchResponse]
+	stream matchStream
 	req    kvpipev1.MatchRequest
 	sent   chan time.Time // one per request in flight: n at most
 	done   chan error     // the receiver's end
+	ended  chan struct{}  // closed once the receiver has ended
 	lat    []time.Duration
 	once   sync.Once
 }
 
-func newPipelinedStream(b *testing.B, c kvpipev1connect.IndexServiceClient, n int) *pipelinedStream {
-	s := &pipelinedStream{stream: c.MatchStream(context.Background()), sent: make(chan time.Time, n), done: make(chan error, 1)}
+func newPipelinedStream(b *testing.B, stream matchStream, n int) *pipelinedStream {
+	s := &pipelinedStream{stream: stream, sent: make(chan time.Time, n), done: make(chan error, 1),
+		ended: make(chan struct{})}
 	go s.receive()
 	b.Cleanup(func() { s.finish(b) })
 	return s
 }
 
 func (s *pipelinedStream) send(keys []uint64) error {
-	s.sent <- time.Now() // waits while n are in flight
+	select { // waits while n are in flight
+	case s.sent <- time.Now():
+	case <-s.ended: // nothing frees a place any more
+		return errors.New("match stream: the answers ended")
+	}
 	s.req.Keys = keys
 	return s.stream.Send(&s.req)
 }
 
 // receive takes the answers until the server ends the stream.
 func (s *pipelinedStream) receive() {
+	defer close(s.ended)
 	for {
 		a, err := s.stream.Receive()
 		if err != nil {

@@ -127,6 +127,17 @@ func (s *Server) registerMetrics() (*prometheus.CounterVec, error) {
 // routes, /metrics, /healthz, /readyz and the status page.
 func (s *Server) Handler() http.Handler { return s.handler }
 
+// Match and MatchBatch answer as the handler's gRPC calls do, for a server
+// of another library (BenchmarkServe measures grpc-go's): without the
+// call's headers, so a request with routed_to is refused.
+func (s *Server) Match(ctx context.Context, r *kvpipev1.MatchRequest) (*kvpipev1.MatchResponse, error) {
+	return s.svc.match(ctx, nil, r)
+}
+
+func (s *Server) MatchBatch(ctx context.Context, r *kvpipev1.MatchBatchRequest) (*kvpipev1.MatchBatchResponse, error) {
+	return s.svc.matchBatch(ctx, nil, r)
+}
+
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 	path, h := kvpipev1connect.NewIndexServiceHandler(s.svc,
