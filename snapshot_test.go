@@ -537,7 +537,9 @@ func TestSnapshotRecordsAWorkerThatCannotAnswerAbsent(t *testing.T) {
 	}
 	// One held batch for the whole pipeline: w's, published before v is added.
 	h := held{entered: make(chan struct{}, 1), release: make(chan struct{})}
-	p.wrap = func(inner wire.Handler) wire.Handler { return held{Handler: inner, entered: h.entered, release: h.release} }
+	p.wrap = func(inner wire.Handler) wire.Handler {
+		return held{Handler: inner, entered: h.entered, release: h.release}
+	}
 	if err := p.AddWorker("w", WorkerConfig{Endpoint: e.ep, ReplayEndpoint: e.replay}); err != nil {
 		t.Fatal(err)
 	}
