@@ -235,8 +235,16 @@ func TestRelayStartsAnAbsentWorkerAfresh(t *testing.T) {
 	}
 	putSnapshot(t, js, s, data, meta) // as if b had been in a replay at the last snapshot
 
-	rr2 := startRelay(t, js, relayConfig(s), a, b)
+	// A router from that snapshot, before any relay runs again: what the
+	// stream held of b is not in it.
 	r := startRouter(t, js, s)
+	caughtUp(t, js, s, r)
+	for name, want := range map[string]bool{"a": false, "b": true} {
+		if w, ok := r.p.Stats().Worker(name); !ok || w.Actor.Partial != want {
+			t.Errorf("router from the snapshot: worker %s known %v, partial %v; want partial %v", name, ok, w.Actor.Partial, want)
+		}
+	}
+	rr2 := startRelay(t, js, relayConfig(s), a, b)
 	relayed(t, rr2, a, b)
 	if st := rr2.Stats(); st.Restored != 1 || st.Resets != 0 {
 		t.Errorf("relay from the snapshot %+v: want a restored, b started afresh, no reset", st)
