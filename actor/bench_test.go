@@ -14,7 +14,11 @@ import (
 // Each iteration replays the whole trace and then an AllBlocksCleared per
 // worker, so the state returns to empty and steady-state allocations show.
 func BenchmarkActorPath(b *testing.B) {
-	reqs, source, err := sim.Trace(0)
+	limit := 0
+	if testing.Short() {
+		limit = sim.ShortTraceRequests
+	}
+	reqs, source, err := sim.Trace(limit)
 	if err != nil {
 		b.Fatal(err)
 	}

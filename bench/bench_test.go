@@ -45,7 +45,11 @@ var (
 
 func load(b *testing.B) *workload {
 	loadOnce.Do(func() {
-		reqs, source, err := sim.Trace(traceRequests)
+		limit := traceRequests
+		if testing.Short() {
+			limit = sim.ShortTraceRequests
+		}
+		reqs, source, err := sim.Trace(limit)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -88,8 +92,12 @@ type benchCase struct {
 	shards, rate int
 }
 
-// shardsAndRates crosses 1, 2 and 4 shards with every query rate.
+// shardsAndRates crosses 1, 2 and 4 shards with every query rate; -short
+// (CI's once-over) keeps one case, 2 shards asked flat out.
 func shardsAndRates() []benchCase {
+	if testing.Short() {
+		return []benchCase{{"shards=2/query=flat", 2, 0}}
+	}
 	var out []benchCase
 	for _, n := range []int{1, 2, 4} {
 		for _, r := range queryRates {

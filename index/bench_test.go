@@ -36,6 +36,9 @@ func mooncake(b *testing.B, limit, hostCap int) (steps []Batch, prompts [][]uint
 // and how many (block, worker) memberships the engines hold at the end.
 // Device stores carry their links, as the actor's do.
 func mooncakeAll(b *testing.B, limit, hostCap int) (steps []Batch, prompts [][]uint64, tokens [][]uint32, live int) {
+	if testing.Short() && limit <= 0 {
+		limit = sim.ShortTraceRequests
+	}
 	reqs, source, err := sim.Trace(limit)
 	if err != nil {
 		b.Fatal(err)

@@ -160,6 +160,11 @@ func LoadTrace(path string, limit int) ([]Request, error) {
 // and so how many the synthetic one stands in with.
 const TraceRequests = 12031
 
+// ShortTraceRequests is the part of the trace a benchmark replays under
+// -short: CI runs every benchmark once that way, so that none rots, and the
+// figures come from full runs.
+const ShortTraceRequests = 2000
+
 // Trace returns the Mooncake trace when ../shared/traces has it, and the
 // synthetic trace of its shape otherwise, so that no test or benchmark
 // skips on a fresh clone; source says which ("mooncake" or "synthetic").
