@@ -531,6 +531,82 @@ func TestSnapshotDuringShutdownFails(t *testing.T) {
 	}
 }
 
+// A worker that cannot answer in time (here held in its handler, as in a
+// long replay) does not cost the others their snapshot: with a deadline,
+// it is recorded absent, the others are taken whole, and a restore keeps
+// the absent one absent until it is added, when it starts afresh.
+func TestSnapshotRecordsAWorkerThatCannotAnswerAbsent(t *testing.T) {
+	e := newEngine(t)
+	p, err := New(Config{BlockSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One held batch for the whole pipeline: w's, published before v is added.
+	h := held{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	p.wrap = func(inner wire.Handler) wire.Handler {
+		return held{Handler: inner, entered: h.entered, release: h.release}
+	}
+	if err := p.AddWorker("w", WorkerConfig{Endpoint: e.ep, ReplayEndpoint: e.replay}); err != nil {
+		t.Fatal(err)
+	}
+	runUntilCleanup(t, p)
+	holdABatch(t, e, h)
+	defer close(h.release)
+	e2 := newEngine(t)
+	if err := p.AddWorker("v", WorkerConfig{Endpoint: e2.ep, ReplayEndpoint: e2.replay}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "v's prompt indexed", func() { e2.parent = 0; e2.store(prompt(2, 3), 16) },
+		func() bool { return scores(t, p, prompt(2, 3))["v"] == 3 })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var got Snapshot
+	if err := p.Snapshot(ctx, &got); err != nil {
+		t.Fatalf("Snapshot with a worker held = %v, want the others taken", err)
+	}
+	checkAbsent := func(what string, s *Snapshot) {
+		t.Helper()
+		if a := s.Absent(); !slices.Equal(a, []string{"w"}) || s.Workers() != 2 {
+			t.Fatalf("%s: absent %q of %d workers, want [w] of 2", what, a, s.Workers())
+		}
+		for _, w := range s.s.Workers {
+			switch string(w.Name) {
+			case "w":
+				if !w.Partial || w.HasSeq || w.Blocks() != 0 {
+					t.Errorf("%s: absent worker %+v holds state", what, w)
+				}
+			case "v":
+				if w.Absent || !w.HasSeq || w.Blocks() == 0 {
+					t.Errorf("%s: worker v %+v, want its seq and blocks", what, w)
+				}
+			}
+		}
+	}
+	checkAbsent("taken", &got)
+	data, err := got.AppendBinary(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var decoded Snapshot
+	if err := decoded.UnmarshalBinary(data); err != nil {
+		t.Fatal(err)
+	}
+	checkAbsent("decoded", &decoded)
+
+	p2, err := New(Config{BlockSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p2.Restore(&decoded); err != nil {
+		t.Fatal(err)
+	}
+	runUntilCleanup(t, p2)
+	var again Snapshot
+	eventually(t, "running", nil, func() bool { return p2.Snapshot(context.Background(), &again) == nil })
+	checkAbsent("restored, not added", &again)
+}
+
 // A name being removed cannot be added again until its removal is queued
 // (and published) behind its last ops: the stream would otherwise remove
 // the new worker.

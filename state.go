@@ -66,8 +66,21 @@ func (s *Snapshot) UnmarshalBinary(data []byte) error {
 	return snapshot.Decode(data, &s.s)
 }
 
-// Workers returns the number of workers s holds.
+// Workers returns the number of workers s holds, those Absent names among
+// them.
 func (s *Snapshot) Workers() int { return len(s.s.Workers) }
+
+// Absent names the workers whose state Pipeline.Snapshot could not take in
+// time: s records them by name alone, and Restore starts them afresh.
+func (s *Snapshot) Absent() []string {
+	var names []string
+	for i := range s.s.Workers {
+		if w := &s.s.Workers[i]; w.Absent {
+			names = append(names, string(w.Name))
+		}
+	}
+	return names
+}
 
 // Blocks returns the number of engine blocks s holds, over all workers.
 func (s *Snapshot) Blocks() int { return s.s.Blocks() }
@@ -93,13 +106,18 @@ func (p *Pipeline) SaveSnapshot(ctx context.Context, st Store) error {
 
 // Snapshot fills dst with the state of every engine worker, reusing dst's
 // slices. Each worker's part is taken in its own goroutine between two
-// batches, so that its entries, last seq and fingerprint agree. It waits for
-// a worker in the middle of a replay or a restart, until ctx ends, and then
-// fails whole (try again later: a worker's old state is better than none);
-// a worker removed meanwhile is left out, and ErrClosed returned when the
-// pipeline stops meanwhile. A Source's workers are not in it: their state
-// is their stream's. It must not be called from Observe or a Tap, which
-// run in the goroutines it waits for.
+// batches, so that its entries, last seq and fingerprint agree. A worker in
+// the middle of a replay or a restart cannot answer until it is done, which
+// may take longer than the caller can wait: when ctx has a deadline, each
+// worker gets until half the time left (the rest is for saving the
+// snapshot), and one that has not answered by then, or whose Tap could not
+// flush, is recorded absent (Snapshot.Absent; a restore starts it afresh)
+// and warned about, while the others are kept. Without a deadline it waits
+// for every worker until ctx ends, and then fails. A worker removed
+// meanwhile is left out, and ErrClosed returned when the pipeline stops
+// meanwhile. A Source's workers are not in it: their state is their
+// stream's. It must not be called from Observe or a Tap, which run in the
+// goroutines it waits for.
 func (p *Pipeline) Snapshot(ctx context.Context, snap *Snapshot) error {
 	list, waiting, runCtx, err := p.snapshotWorkers()
 	if err != nil {
@@ -108,28 +126,45 @@ func (p *Pipeline) Snapshot(ctx context.Context, snap *Snapshot) error {
 	dst := &snap.s
 	*dst = snapshot.Snapshot{Version: snapshot.Version, BlockSize: p.cfg.BlockSize, KeySeed: index.Seed, Created: time.Now().UnixNano(),
 		Workers: growWorkers(dst.Workers, len(list))}
-	taken := make([]bool, len(list))
+	takeCtx, cancel := takeContext(ctx)
+	defer cancel()
+	outcomes := make([]taken, len(list))
 	errs := make([]error, len(list))
 	var wg sync.WaitGroup
 	for i, w := range list {
-		wg.Go(func() { taken[i], errs[i] = w.capture(ctx, p.cfg.Tap, &dst.Workers[i]) })
+		wg.Go(func() { outcomes[i], errs[i] = w.capture(takeCtx, p.cfg.Tap, &dst.Workers[i]) })
 	}
 	wg.Wait()
 	if runCtx.Err() != nil { // stopping: workers left for that, not for a removal
 		return ErrClosed
 	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("kvpipe: snapshot: %w", err)
-	}
-	n := 0 // keep the workers taken, in order
+	n := 0 // keep the workers taken or absent, in order
 	for i := range dst.Workers {
-		if taken[i] {
-			dst.Workers[n], dst.Workers[i] = dst.Workers[i], dst.Workers[n]
-			n++
+		switch outcomes[i] {
+		case takenGone:
+			continue
+		case takenAbsent:
+			if err := ctx.Err(); err != nil { // the caller gave up, not the take's deadline
+				return fmt.Errorf("kvpipe: snapshot: worker %q: %w", list[i].name, err)
+			}
+			p.cfg.Logger.Warn("kvpipe: snapshot: worker recorded absent, a restore starts it afresh", "worker", list[i].name, "err", errs[i])
+			dst.Workers[i].SetAbsent(list[i].name)
 		}
+		dst.Workers[n], dst.Workers[i] = dst.Workers[i], dst.Workers[n]
+		n++
 	}
 	dst.Workers = append(dst.Workers[:n], waiting...)
 	return nil
+}
+
+// takeContext bounds the wait for the workers' parts of a snapshot: half
+// of what is left of ctx's time, when it has a deadline.
+func takeContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, time.Until(d)/2)
 }
 
 // snapshotWorkers returns the engine workers running, copies of the
@@ -156,13 +191,22 @@ func (p *Pipeline) snapshotWorkers() (list []*worker, waiting []snapshot.Worker,
 	return list, waiting, p.runCtx, nil
 }
 
-// capture takes w's part of a snapshot into ws, in w's goroutine. It
-// reports false for a worker removed meanwhile, left out.
-func (w *worker) capture(ctx context.Context, tap seam.Tap, ws *snapshot.Worker) (bool, error) {
+// taken is what became of one worker's part of a snapshot.
+type taken uint8
+
+const (
+	takenAbsent taken = iota // not answered in time, or its Tap's position unknown
+	takenDone
+	takenGone // removed meanwhile: left out
+)
+
+// capture takes w's part of a snapshot into ws, in w's goroutine, waiting
+// until ctx ends; the error says why a part is absent.
+func (w *worker) capture(ctx context.Context, tap seam.Tap, ws *snapshot.Worker) (taken, error) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(w.ctx, cancel)() // removed meanwhile: leave it out
-	taken := false
+	done := false
 	var flushErr error
 	err := w.sub.Checkpoint(wctx, func() {
 		w.actor.Load().Export(ws)
@@ -176,15 +220,19 @@ func (w *worker) capture(ctx context.Context, tap seam.Tap, ws *snapshot.Worker)
 				return
 			}
 		}
-		taken = true
+		done = true
 	})
 	switch {
-	case flushErr != nil && w.ctx.Err() == nil:
-		return false, fmt.Errorf("worker %q: %w", w.name, flushErr)
-	case ctx.Err() != nil:
-		return taken, err
+	case done:
+		return takenDone, nil
+	case w.ctx.Err() != nil:
+		return takenGone, nil
+	case flushErr != nil:
+		return takenAbsent, fmt.Errorf("flushing its Tap: %w", flushErr)
+	case err != nil:
+		return takenAbsent, fmt.Errorf("not answered in time: %w", err)
 	}
-	return taken, nil
+	return takenAbsent, errors.New("not answered") // Checkpoint returns nil only after f ran
 }
 
 // republish is the seam.Republish New binds a Tap to: the relay's alone,
@@ -235,7 +283,8 @@ func growWorkers(ws []snapshot.Worker, n int) []snapshot.Worker {
 // rebuilt from its mapping, and each one's continuity is proven from its
 // last seq through its engine's replay endpoint (a worker whose continuity
 // cannot be proven is resynced, as on any reconnect); until proven, a
-// worker's restored entries stay out of answers and it is partial. It must
+// worker's restored entries stay out of answers and it is partial. A
+// worker s records absent starts afresh, as one it does not name. It must
 // be called before Run, and s is checked whole first: on an error nothing
 // of it is used. The pipeline keeps a copy of each worker until it is
 // added (also after Run), and Snapshot includes those not added yet.

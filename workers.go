@@ -240,7 +240,7 @@ func (w *worker) prepare(ctx context.Context, cfg *Config, shard chan<- *index.B
 	w.tap.a = a
 	w.actor.Store(a)
 	switch {
-	case from != nil && from.HasSeq:
+	case from != nil && from.HasSeq: // never an absent one (snapshot.Worker.Absent)
 		a.Import(from)
 		w.tap.streamSeq = from.StreamSeq
 		w.sub.Resume(from.Seq, from.Fingerprint)

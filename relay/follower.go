@@ -343,9 +343,10 @@ func check(snap *snapshot.Snapshot, meta opstream.SnapshotMeta, info *jetstream.
 	base = meta.StreamLast
 	if !meta.Known {
 		base = 0
+		first := true
 		for i := range snap.Workers {
-			if seq := snap.Workers[i].StreamSeq; i == 0 || seq < base {
-				base = seq
+			if w := &snap.Workers[i]; !w.Absent && (first || w.StreamSeq < base) {
+				base, first = w.StreamSeq, false
 			}
 		}
 	}
@@ -399,7 +400,9 @@ func (f *Follower) applySnapshot(ctx context.Context, feed *kvpipe.Feed, snap *s
 			ops = ops[n:]
 		}
 		f.fed[name] = true
-		workers[f.set.Subject(name)] = &followed{name: name, covered: max(w.StreamSeq, base), whole: true}
+		// An absent worker's entries up to base are not in the snapshot:
+		// partial until the relay clears it (starting it afresh).
+		workers[f.set.Subject(name)] = &followed{name: name, covered: max(w.StreamSeq, base), whole: !w.Absent}
 	}
 	f.log.Info("kvpipe/relay: started from the snapshot", "workers", len(snap.Workers), "blocks", snap.Blocks(), "stream_seq", base)
 	return nil

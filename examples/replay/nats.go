@@ -295,8 +295,8 @@ func (n *natsRun) report(stdout io.Writer, source string, res *natsResult) {
 		fmt.Fprintf(stdout, "  replica %d          %d messages applied, caught up %s after the last request\n", i, st.Applied, (res.lags[i] - wall).Round(time.Millisecond))
 	}
 	if fo := res.fo; fo.took > 0 {
-		fmt.Fprintf(stdout, "  failover           at request %d the leading relay stopped; its standby led %s later: %d workers from the snapshot, %d messages made again from the engines' replay, %d resets\n",
-			fo.at, fo.took.Round(time.Millisecond), fo.stats.Restored, fo.stats.Replayed, fo.stats.Resets)
+		fmt.Fprintf(stdout, "  failover           at request %d the leading relay stopped; its standby led %s later: %d workers from the snapshot (%d recorded absent by the leader: started afresh), %d messages made again from the engines' replay, %d resets\n",
+			fo.at, fo.took.Round(time.Millisecond), fo.stats.Restored, n.relays[0].Stats().SnapshotAbsent, fo.stats.Replayed, fo.stats.Resets)
 		for i, r := range n.relays {
 			st := r.Stats()
 			fmt.Fprintf(stdout, "  relay %d            %d terms leading (%d ended by a lost lease), %d published, %d duplicates, %d resets\n",

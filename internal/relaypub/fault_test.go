@@ -12,6 +12,7 @@ import (
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/natstest"
 	"github.com/kvpipe/kvpipe/internal/opstream"
+	"github.com/kvpipe/kvpipe/internal/snapshot"
 	"github.com/kvpipe/kvpipe/metrics"
 	"github.com/kvpipe/kvpipe/relay"
 	"github.com/nats-io/nats.go"
@@ -190,6 +191,65 @@ func TestRelayRestartedFromSnapshot(t *testing.T) {
 		t.Errorf("stream at seq %d after the restart, %d before: the replays (or a reset) were stored", after.LastSeq, before.LastSeq)
 	}
 	a.serve(reqs[400:])
+	b.serve(reqs[:50])
+	relayed(t, rr2, a, b)
+	caughtUp(t, js, s, r)
+	if err := exact(r.p, a, b); err != nil {
+		t.Error(err)
+	}
+	if err := sameBlocks(rr2.Pipeline(), r); err != nil {
+		t.Error(err)
+	}
+}
+
+// A relay started from a snapshot that records a worker absent (the last
+// relay could not take its state in time) restores the others and starts
+// that one afresh: its clear reaches the stream under an id of its own, a
+// router that starts from the snapshot keeps the worker partial until that
+// clear, and then both indexes are the engines' again.
+func TestRelayStartsAnAbsentWorkerAfresh(t *testing.T) {
+	t.Parallel()
+	_, js := startServer(t)
+	s := testSettings()
+	a, b := newEngine(t, "a"), newEngine(t, "b")
+	reqs := trace(300, 3)
+	rr := startRelay(t, js, relayConfig(s), a, b)
+	a.serve(reqs[:100])
+	b.serve(reqs[100:200])
+	relayed(t, rr, a, b)
+	rr.snapshotNow(t)
+	data, meta := takeSnapshot(t, js, s)
+	rr.stop()
+	var snap snapshot.Snapshot
+	if err := snapshot.Decode(data, &snap); err != nil {
+		t.Fatal(err)
+	}
+	for i := range snap.Workers {
+		if w := &snap.Workers[i]; string(w.Name) == "b" {
+			w.SetAbsent("b")
+		}
+	}
+	data, err := snapshot.Append(nil, &snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	putSnapshot(t, js, s, data, meta) // as if b had been in a replay at the last snapshot
+
+	// A router from that snapshot, before any relay runs again: what the
+	// stream held of b is not in it.
+	r := startRouter(t, js, s)
+	caughtUp(t, js, s, r)
+	for name, want := range map[string]bool{"a": false, "b": true} {
+		if w, ok := r.p.Stats().Worker(name); !ok || w.Actor.Partial != want {
+			t.Errorf("router from the snapshot: worker %s known %v, partial %v; want partial %v", name, ok, w.Actor.Partial, want)
+		}
+	}
+	rr2 := startRelay(t, js, relayConfig(s), a, b)
+	relayed(t, rr2, a, b)
+	if st := rr2.Stats(); st.Restored != 1 || st.Resets != 0 {
+		t.Errorf("relay from the snapshot %+v: want a restored, b started afresh, no reset", st)
+	}
+	a.serve(reqs[200:])
 	b.serve(reqs[:50])
 	relayed(t, rr2, a, b)
 	caughtUp(t, js, s, r)

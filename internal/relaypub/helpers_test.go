@@ -206,14 +206,32 @@ func startRouter(t testing.TB, js jetstream.JetStream, s relay.Settings) *router
 // eventually polls cond until it returns nil, for up to 30s.
 func eventually(t testing.TB, what string, cond func() error) {
 	t.Helper()
+	eventuallyWhile(t, what, nil, cond)
+}
+
+// eventuallyWhile is eventually whose 30 s start again whenever progress
+// (if not nil) returns another value: a relay publishing one message per
+// round trip (a reconnect buffer) on a loaded machine with -race may need
+// minutes for what takes seconds alone, and only a stall is a failure.
+func eventuallyWhile(t testing.TB, what string, progress func() uint64, cond func() error) {
+	t.Helper()
 	var err error
+	var seen uint64
+	if progress != nil {
+		seen = progress()
+	}
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
 		if err = cond(); err == nil {
 			return
 		}
 		time.Sleep(10 * time.Millisecond)
+		if progress != nil {
+			if now := progress(); now != seen {
+				seen, deadline = now, time.Now().Add(30*time.Second)
+			}
+		}
 	}
-	t.Fatalf("timed out waiting for %s: %v", what, err)
+	t.Fatalf("timed out waiting for %s (no progress for 30s): %v", what, err)
 }
 
 // exact reports where p's answers differ from what the engines hold: for
@@ -309,7 +327,14 @@ func streamState(t testing.TB, js jetstream.JetStream, s relay.Settings) jetstre
 func caughtUp(t testing.TB, js jetstream.JetStream, s relay.Settings, rs ...*router) {
 	t.Helper()
 	last := streamState(t, js, s).LastSeq
-	eventually(t, "routers caught up", func() error {
+	progress := func() uint64 {
+		n := uint64(0)
+		for _, r := range rs {
+			n += r.f.Stats().LastApplied
+		}
+		return n
+	}
+	eventuallyWhile(t, "routers caught up", progress, func() error {
 		for i, r := range rs {
 			if st := r.f.Stats(); st.LastApplied < last {
 				return fmt.Errorf("router %d at seq %d of %d", i, st.LastApplied, last)
@@ -341,7 +366,14 @@ func holdsSome(p *kvpipe.Pipeline, engines ...*engine) bool {
 // engine's batches (the relay's index is then the engines').
 func relayed(t testing.TB, rr *running, engines ...*engine) {
 	t.Helper()
-	eventually(t, "relay caught up with the engines", func() error {
+	progress := func() uint64 { // messages acknowledged, and batches the workers took
+		n := rr.Stats().Published
+		if p := rr.Pipeline(); p != nil {
+			n += p.Stats().Total().Actor.Batches
+		}
+		return n
+	}
+	eventuallyWhile(t, "relay caught up with the engines", progress, func() error {
 		p := rr.Pipeline()
 		if p == nil {
 			return fmt.Errorf("no pipeline")

@@ -27,6 +27,7 @@ func relayMetrics() []opstream.Metric[Stats] {
 		counter("encode_errors_total", "Batches no message can carry: not published.", func(s *Stats) uint64 { return s.EncodeErrors }),
 		counter("snapshots_total", "Snapshots written.", func(s *Stats) uint64 { return s.Snapshots }),
 		counter("snapshot_errors_total", "Snapshots that could not be taken or written.", func(s *Stats) uint64 { return s.SnapshotErrors }),
+		counter("snapshot_absent_workers_total", "Workers snapshots were written without: not answered in time.", func(s *Stats) uint64 { return s.SnapshotAbsent }),
 		gauge("snapshot_bytes", "Size of the last snapshot written.", func(s *Stats) float64 { return float64(s.SnapshotBytes) }),
 		gauge("restored_workers", "Workers started from the snapshot loaded at the last start.", func(s *Stats) float64 { return float64(s.Restored) }),
 		counter("snapshots_ignored_total", "Snapshots loaded but not used.", func(s *Stats) uint64 { return s.SnapshotIgnored }),

@@ -38,7 +38,7 @@ kvpipe_relay_lease_holding 1
 	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) != 0 {
 		t.Errorf("lint: %v %v", err, problems)
 	}
-	if n := testutil.CollectAndCount(reg); n != 16+5 {
-		t.Errorf("%d metrics, want 21", n)
+	if n := testutil.CollectAndCount(reg); n != 17+5 {
+		t.Errorf("%d metrics, want 22", n)
 	}
 }

@@ -45,7 +45,9 @@ type Config struct {
 	// order. Connect with nats.ReconnectBufSize(-1) to keep many in flight.
 	MaxInFlight int
 	// ShutdownTimeout bounds the last snapshot and the pipeline's drain
-	// once Run's context ends (default 10s).
+	// once Run's context ends (default 10s). A worker that cannot give its
+	// part of that snapshot within half of it (in a long replay, say) is
+	// recorded absent, and the standby starts it afresh.
 	ShutdownTimeout time.Duration
 	// RepublishTimeout bounds the wait of a worker parted from the stream
 	// for its turn to publish its whole state: it may be in the middle of a
@@ -110,6 +112,10 @@ type Stats struct {
 	Snapshots      uint64 // snapshots written
 	SnapshotErrors uint64 // snapshots that could not be taken or written
 	SnapshotBytes  uint64 // size of the last one written
+	// SnapshotAbsent counts the workers snapshots were written without:
+	// their state could not be taken in time (in a replay, say), and a
+	// relay started from the snapshot starts them afresh.
+	SnapshotAbsent uint64
 	// Restored is how many workers started from the snapshot loaded at the
 	// last start; SnapshotIgnored counts snapshots loaded but not used
 	// (corrupt, another block size, refused by the pipeline).
@@ -128,10 +134,10 @@ type Stats struct {
 }
 
 type counters struct {
-	published, duplicates, retries, abandoned, encodeErrors atomic.Uint64
-	snapshots, snapshotErrors, snapshotBytes                atomic.Uint64
-	restored, snapshotIgnored, streamChanges, replayed      atomic.Uint64
-	resets, republished, terms, leaseLost                   atomic.Uint64
+	published, duplicates, retries, abandoned, encodeErrors  atomic.Uint64
+	snapshots, snapshotErrors, snapshotBytes, snapshotAbsent atomic.Uint64
+	restored, snapshotIgnored, streamChanges, replayed       atomic.Uint64
+	resets, republished, terms, leaseLost                    atomic.Uint64
 }
 
 // Stats returns the relay's counters; any goroutine may call it.
@@ -139,7 +145,7 @@ func (r *Relay) Stats() Stats {
 	c := &r.stats
 	return Stats{Published: c.published.Load(), Duplicates: c.duplicates.Load(), Retries: c.retries.Load(),
 		Abandoned: c.abandoned.Load(), EncodeErrors: c.encodeErrors.Load(), Snapshots: c.snapshots.Load(),
-		SnapshotErrors: c.snapshotErrors.Load(), SnapshotBytes: c.snapshotBytes.Load(), Restored: c.restored.Load(),
+		SnapshotErrors: c.snapshotErrors.Load(), SnapshotBytes: c.snapshotBytes.Load(), SnapshotAbsent: c.snapshotAbsent.Load(), Restored: c.restored.Load(),
 		SnapshotIgnored: c.snapshotIgnored.Load(), StreamChanges: c.streamChanges.Load(),
 		Replayed: c.replayed.Load(), Resets: c.resets.Load(), Republished: c.republished.Load(),
 		Terms: c.terms.Load(), LeaseLost: c.leaseLost.Load()}
@@ -547,12 +553,23 @@ func (ru *run) setUp(ctx context.Context) error {
 		r.log.Error("kvpipe/relay: snapshot refused by the pipeline, workers resync from their engines", "err", err)
 		return nil
 	}
-	r.stats.restored.Store(uint64(len(s.Workers)))
+	r.stats.restored.Store(uint64(len(s.Workers) - absent(&s)))
 	if err := ru.placeRestored(ctx, s.Workers, sameStream); err != nil {
 		return err
 	}
 	r.log.Info("kvpipe/relay: workers start from the snapshot", "workers", len(s.Workers), "same_stream", sameStream)
 	return nil
+}
+
+// absent is the number of workers s records absent.
+func absent(s *snapshot.Snapshot) int {
+	n := 0
+	for i := range s.Workers {
+		if s.Workers[i].Absent {
+			n++
+		}
+	}
+	return n
 }
 
 // restorePipeline restores p from s, decoded from data; unless sameStream,
@@ -585,6 +602,12 @@ func (ru *run) placeRestored(ctx context.Context, workers []snapshot.Worker, sam
 			return context.Cause(ctx)
 		}
 		ps.fresh = false
+		if w.Absent {
+			// Its state was not taken: the pipeline starts it afresh. Not
+			// fresh here, so that its clear gets an id of its own, never
+			// dropped as a copy of the one that started it before.
+			continue
+		}
 		ps.last.Store(w.StreamSeq)
 		ps.lineage = ru.lineageAt(ctx, ps, w.StreamSeq)
 		if sameStream {
@@ -705,5 +728,6 @@ func (ru *run) snapshot(ctx context.Context) error {
 	}
 	r.stats.snapshots.Add(1)
 	r.stats.snapshotBytes.Store(uint64(len(data)))
+	r.stats.snapshotAbsent.Add(uint64(len(s.Absent())))
 	return nil
 }

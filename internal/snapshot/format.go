@@ -227,6 +227,9 @@ func (s *Snapshot) Check() error {
 // problem says what is inconsistent in w, or "" if nothing is.
 func (w *Worker) problem() string {
 	n := len(w.Hashes)
+	if w.Absent && (n != 0 || w.HasSeq || w.StreamSeq != 0 || len(w.GroupIdx) != 0 || len(w.Split) != 0) {
+		return "absent, but holds state"
+	}
 	if len(w.Keys) != n {
 		return fmt.Sprintf("%d hashes but %d keys", n, len(w.Keys))
 	}
@@ -267,6 +270,14 @@ func (w *Worker) problem() string {
 			split, w.SplitK, split, w.SplitK-1, len(w.Split))
 	}
 	return ""
+}
+
+// SetAbsent makes w the entry of worker name whose state could not be
+// taken: its name alone, partial, keeping its slices' capacity for reuse.
+func (w *Worker) SetAbsent(name string) {
+	*w = Worker{Name: append(w.Name[:0], name...), Absent: true, Partial: true,
+		GroupIdx: w.GroupIdx[:0], GroupMain: w.GroupMain[:0],
+		Hashes: w.Hashes[:0], Keys: w.Keys[:0], Parents: w.Parents[:0], Flags: w.Flags[:0], Split: w.Split[:0]}
 }
 
 // Blocks is the number of engine blocks w holds.

@@ -229,7 +229,7 @@ func TestDecodeFrameErrors(t *testing.T) {
 		{"trailing value after the body", frame(msgp.AppendNil(slices.Clone(b))), ErrCorrupt, []string{"1 trailing bytes"}},
 		{"empty body", frame(nil), ErrCorrupt, []string{"body"}},
 		{"body not a map", frame(msgp.AppendArrayHeader(nil, 0)), ErrCorrupt, []string{"body"}},
-		{"body cut short", frame(b[:len(b)-3]), ErrCorrupt, []string{"worker 2"}},
+		{"body cut short", frame(b[:len(b)-3]), ErrCorrupt, []string{"worker 3"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -371,6 +371,9 @@ func TestCheck(t *testing.T) {
 		{"split_k so large the count overflows", func(s *Snapshot) { s.Workers[0].SplitK = math.MaxInt }, ErrCorrupt, []string{"have 4"}},
 		{"split keys without split blocks", func(s *Snapshot) { s.Workers[2].Split = []uint64{1} }, ErrCorrupt, []string{`worker 2`, "no split blocks but 1 split keys"}},
 		{"a split block unflagged", func(s *Snapshot) { s.Workers[0].Flags[1] &^= FlagSplit }, ErrCorrupt, []string{"1 split blocks", "have 4"}},
+		{"absent with blocks", func(s *Snapshot) { s.Workers[0].Absent = true }, ErrCorrupt, []string{`worker 0 ("w-a"): absent, but holds state`}},
+		{"absent with a seq", func(s *Snapshot) { s.Workers[1] = Worker{Name: []byte("w-b"), Absent: true, HasSeq: true} }, ErrCorrupt, []string{"absent, but holds state"}},
+		{"absent with a stream seq", func(s *Snapshot) { s.Workers[1] = Worker{Name: []byte("w-b"), Absent: true, StreamSeq: 9} }, ErrCorrupt, []string{"absent, but holds state"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -33,7 +33,7 @@ const (
 
 // sample is a small snapshot with each kind of block and worker: split
 // blocks held and held in no tier, a block with no tier, parents and none,
-// groups, a worker with no blocks and no sequence.
+// groups, a worker with no blocks and no sequence, an absent one.
 func sample() *Snapshot {
 	return &Snapshot{
 		Version:   Version,
@@ -73,6 +73,7 @@ func sample() *Snapshot {
 				Parents:   []uint64{0, ^uint64(0)},
 				Flags:     []uint8{in(disk, remote), FlagParent | in(dev, host, disk, remote)},
 			},
+			{Name: []byte("w-d"), Absent: true, Partial: true},
 		},
 	}
 }
@@ -118,7 +119,7 @@ func same(a, b *Snapshot) bool {
 	for i := range a.Workers {
 		x, y := &a.Workers[i], &b.Workers[i]
 		if !bytes.Equal(x.Name, y.Name) || x.HasSeq != y.HasSeq || x.Seq != y.Seq || x.Fingerprint != y.Fingerprint ||
-			x.StreamSeq != y.StreamSeq || x.Partial != y.Partial || x.FullSeen != y.FullSeen ||
+			x.Absent != y.Absent || x.StreamSeq != y.StreamSeq || x.Partial != y.Partial || x.FullSeen != y.FullSeen ||
 			x.SplitK != y.SplitK || x.UsedTiers != y.UsedTiers ||
 			!slices.Equal(x.GroupIdx, y.GroupIdx) || !slices.Equal(x.GroupMain, y.GroupMain) ||
 			!slices.Equal(x.Hashes, y.Hashes) || !slices.Equal(x.Keys, y.Keys) || !slices.Equal(x.Parents, y.Parents) ||

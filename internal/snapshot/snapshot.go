@@ -36,6 +36,11 @@ type Worker struct {
 	// Name is bytes, not a string, so that a reused Snapshot decodes
 	// without allocating.
 	Name []byte `msg:"name"`
+	// Absent: the worker's state could not be taken in time (it was in a
+	// replay, a restart, or too slow); the entry holds its name alone, and
+	// a restore starts it afresh. Without the entry, a reader could not
+	// tell a worker left out from one that did not exist.
+	Absent bool `msg:"absent"`
 	// HasSeq: Seq is the last engine batch applied and Fingerprint its
 	// fingerprint (the xxh3 of its payload); a restored worker proves continuity from them.
 	HasSeq      bool   `msg:"has_seq"`

@@ -120,10 +120,13 @@ func (z *Snapshot) Msgsize() (s int) {
 // MarshalMsg implements msgp.Marshaler
 func (z *Worker) MarshalMsg(b []byte) (o []byte, err error) {
 	o = msgp.Require(b, z.Msgsize())
-	// map header, size 16
+	// map header, size 17
 	// string "name"
-	o = append(o, 0xde, 0x0, 0x10, 0xa4, 0x6e, 0x61, 0x6d, 0x65)
+	o = append(o, 0xde, 0x0, 0x11, 0xa4, 0x6e, 0x61, 0x6d, 0x65)
 	o = msgp.AppendBytes(o, z.Name)
+	// string "absent"
+	o = append(o, 0xa6, 0x61, 0x62, 0x73, 0x65, 0x6e, 0x74)
+	o = msgp.AppendBool(o, z.Absent)
 	// string "has_seq"
 	o = append(o, 0xa7, 0x68, 0x61, 0x73, 0x5f, 0x73, 0x65, 0x71)
 	o = msgp.AppendBool(o, z.HasSeq)
@@ -212,6 +215,12 @@ func (z *Worker) UnmarshalMsg(bts []byte) (o []byte, err error) {
 			z.Name, bts, err = msgp.ReadBytesBytes(bts, z.Name)
 			if err != nil {
 				err = msgp.WrapError(err, "Name")
+				return
+			}
+		case "absent":
+			z.Absent, bts, err = msgp.ReadBoolBytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "Absent")
 				return
 			}
 		case "has_seq":
@@ -396,6 +405,6 @@ func (z *Worker) UnmarshalMsg(bts []byte) (o []byte, err error) {
 
 // Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
 func (z *Worker) Msgsize() (s int) {
-	s = 3 + 5 + msgp.BytesPrefixSize + len(z.Name) + 8 + msgp.BoolSize + 4 + msgp.Uint64Size + 12 + msgp.Uint64Size + 11 + msgp.Uint64Size + 8 + msgp.BoolSize + 10 + msgp.BoolSize + 8 + msgp.IntSize + 11 + msgp.Uint8Size + 10 + msgp.ArrayHeaderSize + (len(z.GroupIdx) * (msgp.Int64Size)) + 11 + msgp.ArrayHeaderSize + (len(z.GroupMain) * (msgp.BoolSize)) + 7 + msgp.ArrayHeaderSize + (len(z.Hashes) * (msgp.Uint64Size)) + 5 + msgp.ArrayHeaderSize + (len(z.Keys) * (msgp.Uint64Size)) + 8 + msgp.ArrayHeaderSize + (len(z.Parents) * (msgp.Uint64Size)) + 6 + msgp.BytesPrefixSize + len(z.Flags) + 6 + msgp.ArrayHeaderSize + (len(z.Split) * (msgp.Uint64Size))
+	s = 3 + 5 + msgp.BytesPrefixSize + len(z.Name) + 7 + msgp.BoolSize + 8 + msgp.BoolSize + 4 + msgp.Uint64Size + 12 + msgp.Uint64Size + 11 + msgp.Uint64Size + 8 + msgp.BoolSize + 10 + msgp.BoolSize + 8 + msgp.IntSize + 11 + msgp.Uint8Size + 10 + msgp.ArrayHeaderSize + (len(z.GroupIdx) * (msgp.Int64Size)) + 11 + msgp.ArrayHeaderSize + (len(z.GroupMain) * (msgp.BoolSize)) + 7 + msgp.ArrayHeaderSize + (len(z.Hashes) * (msgp.Uint64Size)) + 5 + msgp.ArrayHeaderSize + (len(z.Keys) * (msgp.Uint64Size)) + 8 + msgp.ArrayHeaderSize + (len(z.Parents) * (msgp.Uint64Size)) + 6 + msgp.BytesPrefixSize + len(z.Flags) + 6 + msgp.ArrayHeaderSize + (len(z.Split) * (msgp.Uint64Size))
 	return
 }
