@@ -414,9 +414,12 @@ func (r *router) stop() error {
 }
 
 // waitConnected publishes nothing: it waits until every SUB is connected, so
-// that the first batches are not lost to the PUB/SUB slow start.
+// that the first batches are not lost to the PUB/SUB slow start. It gives
+// up after connectWait without a new connection: a loaded machine connects
+// slowly, a wrong endpoint never.
 func waitConnected(ctx context.Context, p *kvpipe.Pipeline, n int) error {
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+	best := -1
+	for deadline := time.Now(); ; {
 		connected := 0
 		for _, s := range p.Stats().Workers {
 			if s.Wire.Connected {
@@ -427,14 +430,22 @@ func waitConnected(ctx context.Context, p *kvpipe.Pipeline, n int) error {
 			time.Sleep(50 * time.Millisecond) // and the subscriptions have reached the publishers
 			return nil
 		}
+		if connected > best {
+			best, deadline = connected, time.Now().Add(connectWait)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d of %d engines connected, none more within %v", connected, n, connectWait)
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	return errors.New("engines not connected within 10s")
 }
+
+// connectWait is how long waitConnected waits for one more engine.
+const connectWait = 30 * time.Second
 
 // job is a request routed to an engine, with what kvpipe claimed the engine
 // holds of it on device, and (for a request on an adapter) what keys of the
