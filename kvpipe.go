@@ -134,17 +134,16 @@ type Weights [index.NumTiers]float64
 var DefaultWeights = Weights(index.DefaultWeights)
 
 // Tier is a storage tier: device, host, disk or remote. Match.Tiers and
-// Weights are indexed by it.
-type Tier uint8
+// Weights are indexed by it. It is the index's own enum, named here so that
+// a router needs no other import.
+type Tier = index.Tier
 
 const (
-	TierDevice = Tier(index.TierDevice) // accelerator memory
-	TierHost   = Tier(index.TierHost)   // host memory (CPU offload)
-	TierDisk   = Tier(index.TierDisk)   // local disk
-	TierRemote = Tier(index.TierRemote) // a shared or remote pool
+	TierDevice = index.TierDevice // accelerator memory
+	TierHost   = index.TierHost   // host memory (CPU offload)
+	TierDisk   = index.TierDisk   // local disk
+	TierRemote = index.TierRemote // a shared or remote pool
 )
-
-func (t Tier) String() string { return index.Tier(t).String() }
 
 var (
 	// ErrClosed is returned once the pipeline has been shut down.

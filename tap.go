@@ -26,7 +26,22 @@ type tapped struct {
 	streamSeq uint64
 }
 
-// ops hands the Tap one batch of the actor's ops (actor.Config.Tap).
+// tapSink hands the Tap each batch of the actor's ops before the shard
+// has it, but for those that put an imported snapshot's blocks back: the
+// Tap had them when they were made.
+type tapSink struct {
+	actor.Sink
+	t *tapped
+}
+
+func (s tapSink) Send(b *index.Batch, wait bool) bool {
+	if !b.Restored {
+		s.t.ops(b.Ops)
+	}
+	return s.Sink.Send(b, wait)
+}
+
+// ops hands the Tap one batch of the actor's ops.
 func (t *tapped) ops(ops []index.Op) {
 	o := t.origin
 	o.Partial = t.a.Partial()

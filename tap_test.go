@@ -34,18 +34,16 @@ func newTapped(shard chan *index.Batch, parts *[]tapPart) (*tapped, wire.Handler
 		*parts = append(*parts, tapPart{slices.Clone(ops), o})
 		return uint64(100 + len(*parts))
 	}}
-	t.a = actor.New(actor.Config{Worker: 1, BlockSize: 16, Shard: shard, Tap: t.ops})
+	t.a = actor.New(actor.Config{Worker: 1, BlockSize: 16, Sink: tapSink{index.NewSender(1, shard, nil), t}})
 	return t, tappedHandler{t.a, t, func() (uint64, uint64, bool) { return 0, tapFingerprint, false }}
 }
 
-// drain applies what shard holds to held, handing the batches back.
+// drain applies what shard holds to held.
 func drain(shard chan *index.Batch, held map[index.Tier]map[uint64]int) map[index.Tier]map[uint64]int {
 	for {
 		select {
 		case b := <-shard:
 			held = apply(held, b.Ops)
-			b.Ops = b.Ops[:0]
-			b.Return <- b
 		default:
 			return held
 		}

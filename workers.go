@@ -229,14 +229,14 @@ func (p *Pipeline) start(w *worker) {
 // prepare makes w's actor, restored from a snapshot when there is one; it
 // runs in w's goroutine, before its subscriber.
 func (w *worker) prepare(ctx context.Context, cfg *Config, shard chan<- *index.Batch, from *snapshot.Worker) {
-	ac := actor.Config{Worker: w.id, Name: w.name, BlockSize: cfg.BlockSize,
-		Shard: shard, Drop: cfg.Backpressure == Drop, Weights: index.Weights(cfg.TierWeights), MaxBlocks: cfg.MaxWorkerBlocks,
-		Done: ctx.Done(), Logger: cfg.Logger, Eagle: w.eagleCfg}
+	var sink actor.Sink = index.NewSender(w.id, shard, ctx.Done())
 	w.tap = tapped{tap: cfg.Tap, ctx: ctx, name: w.name}
 	if cfg.Tap != nil {
-		ac.Tap = w.tap.ops
+		sink = tapSink{sink, &w.tap}
 	}
-	a := actor.New(ac)
+	a := actor.New(actor.Config{Worker: w.id, Name: w.name, BlockSize: cfg.BlockSize,
+		Sink: sink, Drop: cfg.Backpressure == Drop, Weights: index.Weights(cfg.TierWeights), MaxBlocks: cfg.MaxWorkerBlocks,
+		Logger: cfg.Logger, Eagle: w.eagleCfg})
 	w.tap.a = a
 	w.actor.Store(a)
 	switch {

@@ -16,11 +16,9 @@ type Config struct {
 	Worker    index.WorkerID
 	Name      string // for logs
 	BlockSize int    // the router's block size, e.g. 16
-	// Shard is the worker's shard queue (shared with the shard's other
-	// workers). Its capacity bounds the actor's batches in flight: the actor
-	// makes batches as needed, up to that many and two more (one being
-	// applied, one being filled), and reuses them once applied.
-	Shard chan<- *index.Batch
+	// Sink takes the worker's batches of ops, in order: in a pipeline, an
+	// index.Sender into the worker's shard queue.
+	Sink Sink
 	// Drop says what the actor does when its shard is behind. False: it
 	// waits for the shard, and so stops reading the socket; the loss, if
 	// any, then shows upstream as a seq gap, which wire recovers. True: it
@@ -39,19 +37,24 @@ type Config struct {
 	// refused (the event counted as BlockCap) and the worker is partial
 	// until a clear. 0 means 4 Mi (defaultMaxBlocks).
 	MaxBlocks int
-	// Done, when closed, abandons a send the shard is not taking: the worker
-	// is stopping, and its entries go with it.
-	Done   <-chan struct{}
-	Logger *slog.Logger
-	// Tap, when set, sees every batch of ops before the shard does, in the
-	// actor's goroutine (the ops are only valid during the call), but for
-	// those that put an imported snapshot's blocks back: a tap mirroring
-	// the worker's history had them when they were first made.
-	Tap func(ops []index.Op)
+	Logger    *slog.Logger
 	// Eagle: the engine runs EAGLE-family speculative decoding (SGLang's
 	// bigram keys), known before its first event. Without it the mode is
 	// learned from the events (Stats.Eagle); either way events decide.
 	Eagle bool
+}
+
+// Sink is where an actor's batches of ops go; *index.Sender is one.
+type Sink interface {
+	// Batch returns an empty batch of the worker's to fill.
+	Batch() *index.Batch
+	// Send hands b on if there is room, or else, with wait, once there is,
+	// unless the worker stops meanwhile; it reports whether b was taken,
+	// and one that was not is the actor's again.
+	Send(b *index.Batch, wait bool) bool
+	// Stopping reports that the worker is stopping: a batch not taken is
+	// then no overload.
+	Stopping() bool
 }
 
 // defaultMaxBlocks is Config.MaxBlocks' default: 4 Mi engine blocks, 64 M
@@ -91,9 +94,6 @@ func New(cfg Config) *Actor {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	if cfg.Done == nil {
-		cfg.Done = make(chan struct{}) // never closed
-	}
 	if cfg.MaxBlocks <= 0 {
 		cfg.MaxBlocks = defaultMaxBlocks
 	}
@@ -102,7 +102,7 @@ func New(cfg Config) *Actor {
 	}
 	a := &Actor{cfg: cfg, decoder: codec.NewDecoder(), warn: pace.NewWarner(cfg.Logger, "kvpipe/actor: "), fresh: true}
 	a.m = mapping{out: &a.out, stats: &a.stats, max: cfg.MaxBlocks}
-	a.out = outbox{cfg: &a.cfg, stats: &a.stats, free: make(chan *index.Batch, cap(cfg.Shard)+2), dropped: a.m.dropped, stale: &a.stale}
+	a.out = outbox{cfg: &a.cfg, stats: &a.stats, dropped: a.m.dropped, stale: &a.stale}
 	a.groups = groups{main: make(map[int]bool), weights: &a.cfg.Weights}
 	a.stats.Partial.Store(true)
 	a.stats.Eagle.Store(cfg.Eagle)

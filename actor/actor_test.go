@@ -20,7 +20,7 @@ type harness struct {
 
 func newHarness(t *testing.T) *harness {
 	ch := make(chan *index.Batch, 16)
-	return &harness{t: t, a: New(Config{Worker: 1, Name: "w1", BlockSize: 16, Shard: ch}), shard: ch}
+	return &harness{t: t, a: New(Config{Worker: 1, Name: "w1", BlockSize: 16, Sink: index.NewSender(1, ch, nil)}), shard: ch}
 }
 
 func (h *harness) send(events ...codec.Event) {
@@ -34,8 +34,6 @@ func (h *harness) collect() {
 		select {
 		case b := <-h.shard:
 			h.ops = append(h.ops, b.Ops...)
-			b.Ops = b.Ops[:0]
-			b.Return <- b
 		default:
 			return
 		}
@@ -241,7 +239,7 @@ func TestResyncKeepsThePrefixOfTheSameEngine(t *testing.T) {
 		t.Run(tc.why.String(), func(t *testing.T) {
 			shards := index.NewShards(2, 4)
 			defer shards.Close()
-			a := New(Config{Worker: 3, BlockSize: 16, Shard: shards.Queue(3)})
+			a := New(Config{Worker: 3, BlockSize: 16, Sink: index.NewSender(3, shards.Queue(3), nil)})
 			system, question := tokens(1, 4, 16), tokens(2, 2, 16)
 			batch := func(events ...codec.Event) {
 				a.HandleBatch(0, engineenc.AppendBatch(nil, &codec.Batch{Events: events}, engineenc.CurrentVLLM))
@@ -311,13 +309,9 @@ func TestPartial(t *testing.T) {
 		{"a panic recovered", func(a *Actor) { batch(a, 5, cleared()); a.Recover() }, true},
 	}
 	ch := make(chan *index.Batch, 64)
-	a := New(Config{Worker: 1, BlockSize: 16, Shard: ch})
+	a := New(Config{Worker: 1, BlockSize: 16, Sink: index.NewSender(1, ch, nil)})
 	go func() {
-		for b := range ch {
-			if b.Return != nil {
-				b.Ops = b.Ops[:0]
-				b.Return <- b
-			}
+		for range ch {
 		}
 	}()
 	defer close(ch)
@@ -330,7 +324,7 @@ func TestPartial(t *testing.T) {
 			t.Errorf("%s: partial %v, want %v", st.name, got, st.want)
 		}
 	}
-	late := New(Config{Worker: 2, BlockSize: 16, Shard: ch})
+	late := New(Config{Worker: 2, BlockSize: 16, Sink: index.NewSender(2, ch, nil)})
 	batch(late, 1234, stored(4, 16))
 	if !late.Stats().Partial {
 		t.Error("an actor that joined at seq 1234 is complete")

@@ -57,7 +57,7 @@ func BenchmarkActorPath(b *testing.B) {
 			defer shards.Close()
 			var actors [workers]*Actor
 			for w := range actors {
-				actors[w] = New(Config{Worker: index.WorkerID(w), BlockSize: 16, Shard: shards.Queue(index.WorkerID(w))})
+				actors[w] = New(Config{Worker: index.WorkerID(w), BlockSize: 16, Sink: index.NewSender(index.WorkerID(w), shards.Queue(index.WorkerID(w)), nil)})
 			}
 			pass := func() {
 				for _, s := range steps {

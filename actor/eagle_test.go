@@ -66,7 +66,7 @@ func TestBigramEventsKeyedAsEagleRequests(t *testing.T) {
 // with tokens, then whatever the latest one sends.
 func TestEagleModeLearnedFromEvents(t *testing.T) {
 	ch := make(chan *index.Batch, 16)
-	h := &harness{t: t, a: New(Config{Worker: 1, BlockSize: 16, Shard: ch, Eagle: true}), shard: ch}
+	h := &harness{t: t, a: New(Config{Worker: 1, BlockSize: 16, Sink: index.NewSender(1, ch, nil), Eagle: true}), shard: ch}
 	if !h.a.Eagle() {
 		t.Fatal("Config.Eagle not shown before any event")
 	}

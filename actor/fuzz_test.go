@@ -46,7 +46,7 @@ func checkOps(t *testing.T, payload []byte, drop bool) {
 	ch := make(chan *index.Batch, 1)
 	done := make(chan struct{})
 	close(done) // blocking then gives up on a full queue rather than hang the fuzzer
-	a := New(Config{Worker: 1, BlockSize: 16, Shard: ch, Drop: drop, Done: done})
+	a := New(Config{Worker: 1, BlockSize: 16, Sink: index.NewSender(1, ch, done), Drop: drop})
 	var held [index.NumTiers]map[uint64]int // key -> stores not yet removed
 	for i := range held {
 		held[i] = map[uint64]int{}
@@ -72,8 +72,6 @@ func checkOps(t *testing.T, payload []byte, drop bool) {
 						clear(held[op.Tier])
 					}
 				}
-				b.Ops = b.Ops[:0]
-				b.Return <- b
 			default:
 				return
 			}

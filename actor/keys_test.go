@@ -73,7 +73,7 @@ func TestActorKeysEqualRequestKeys(t *testing.T) {
 				batch.Events = append(batch.Events, e)
 			}
 			ch := make(chan *index.Batch, 16)
-			h := &harness{t: t, a: New(Config{Worker: 1, BlockSize: bs, Shard: ch}), shard: ch}
+			h := &harness{t: t, a: New(Config{Worker: 1, BlockSize: bs, Sink: index.NewSender(1, ch, nil)}), shard: ch}
 			h.a.HandleBatch(0, engineenc.AppendBatch(nil, &batch, tc.layout))
 			h.collect()
 			var got []uint64

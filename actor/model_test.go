@@ -25,7 +25,7 @@ func TestPipelineAgainstEngines(t *testing.T) {
 		var actors [workers]*Actor
 		for w := range workers {
 			engines[w] = sim.NewEngine(blockSize, 40+rng.IntN(200))
-			actors[w] = New(Config{Worker: index.WorkerID(w), BlockSize: blockSize, Shard: shards.Queue(index.WorkerID(w))})
+			actors[w] = New(Config{Worker: index.WorkerID(w), BlockSize: blockSize, Sink: index.NewSender(index.WorkerID(w), shards.Queue(index.WorkerID(w)), nil)})
 		}
 		var h index.Hasher
 		var evs []codec.Event
@@ -73,7 +73,7 @@ func TestPipelineAgainstEngines(t *testing.T) {
 // worker is resynced (cleared) with the next batch that gets through.
 func TestDropBackpressure(t *testing.T) {
 	ch := make(chan *index.Batch) // no buffer and nobody reading: always full
-	a := New(Config{Worker: 1, BlockSize: 16, Shard: ch, Drop: true})
+	a := New(Config{Worker: 1, BlockSize: 16, Sink: index.NewSender(1, ch, nil), Drop: true})
 	payload := engineenc.AppendBatch(nil, &codec.Batch{Events: []codec.Event{stored(1, 16)}}, engineenc.CurrentVLLM)
 	a.HandleBatch(0, payload)
 	a.HandleBatch(1, payload)
@@ -84,7 +84,7 @@ func TestDropBackpressure(t *testing.T) {
 		t.Errorf("indexed blocks = %d after the drops, want 0", got)
 	}
 	ch2 := make(chan *index.Batch, 1)
-	a.cfg.Shard = ch2
+	a.cfg.Sink = index.NewSender(1, ch2, nil)
 	a.HandleBatch(2, payload)
 	b := <-ch2
 	if len(b.Ops) != 2 || b.Ops[0].Kind != index.OpClearWorker || b.Ops[1].Kind != index.OpStore {

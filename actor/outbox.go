@@ -11,14 +11,13 @@ import (
 // long prompt) is applied in parts rather than holding its shard at once.
 const maxOps = 256
 
-// outbox fills batches of ops and hands them to the worker's shard, with
-// the backpressure the config asks for, reusing the batches the shard hands
-// back.
+// outbox fills batches of ops and hands them to the worker's Sink, with
+// the backpressure the config asks for.
 type outbox struct {
 	cfg   *Config
 	stats *counters
-	free  chan *index.Batch // batches the shard handed back
-	out   *index.Batch      // being filled; nil until the first op
+	out   *index.Batch // being filled; nil until the first op
+	spare *index.Batch // one the Sink did not take, filled next
 	// resync: a dropped batch left the index behind; the next batch the
 	// shard takes clears the worker first. Until then stale mirrors it for
 	// the read path, which leaves the worker out of answers: the index may
@@ -28,7 +27,7 @@ type outbox struct {
 	// dropped is told of a batch dropped: the mapping's next generation.
 	dropped func()
 
-	restoring bool // putting an imported snapshot's blocks back: not tapped
+	restoring bool // putting an imported snapshot's blocks back (Batch.Restored)
 }
 
 // room flushes the batch being filled unless it has room for n more ops.
@@ -63,19 +62,14 @@ func (o *outbox) emit(op index.Op) {
 	o.out.Ops = append(o.out.Ops, op)
 }
 
-// take returns a batch to fill: a free one, or else a new one. At most
-// cap(free) ever exist: when take runs, none is being filled, at most
-// cap(Shard) are queued and one is being applied, and every other one is
-// in free (flush and drop put back what they do not send, and the shard
-// returns what it applied), so a new one is made only while fewer exist,
-// and the shard's hand-back into free never blocks.
+// take returns a batch to fill: the one the Sink did not take, or one of
+// the Sink's.
 func (o *outbox) take() *index.Batch {
-	select {
-	case b := <-o.free:
+	if b := o.spare; b != nil {
+		o.spare = nil
 		return b
-	default:
-		return &index.Batch{Worker: o.cfg.Worker, Return: o.free}
 	}
+	return o.cfg.Sink.Batch()
 }
 
 func (o *outbox) flush() {
@@ -90,22 +84,10 @@ func (o *outbox) flush() {
 		copy(b.Ops[1:], b.Ops)
 		b.Ops[0] = index.Op{Kind: index.OpClearWorker}
 	}
-	if o.cfg.Tap != nil && !o.restoring {
-		o.cfg.Tap(b.Ops)
-	}
-	select { // a shard with room takes the batch, even from a stopping worker
-	case o.cfg.Shard <- b:
+	b.Restored = o.restoring
+	if o.cfg.Sink.Send(b, !o.cfg.Drop) {
 		o.sent()
 		return
-	default:
-	}
-	if !o.cfg.Drop {
-		select {
-		case o.cfg.Shard <- b:
-			o.sent()
-			return
-		case <-o.cfg.Done:
-		}
 	}
 	o.drop(b)
 }
@@ -127,23 +109,20 @@ func (o *outbox) settle() bool {
 	}
 	b := o.take()
 	b.Ops = append(b.Ops[:0], index.Op{Kind: index.OpClearWorker})
-	select {
-	case o.cfg.Shard <- b:
+	b.Restored = false
+	if o.cfg.Sink.Send(b, false) {
 		o.sent()
 		return false
-	default:
-		b.Ops = b.Ops[:0]
-		o.free <- b
-		return true
 	}
+	b.Ops = b.Ops[:0]
+	o.spare = b
+	return true
 }
 
 // drop discards b's ops: the index has lost them, so the worker is resynced
 // (its entries cleared) with the next batch that gets through.
 func (o *outbox) drop(b *index.Batch) {
-	select {
-	case <-o.cfg.Done: // stopping: not an overload
-	default:
+	if !o.cfg.Sink.Stopping() { // stopping: not an overload
 		o.stats.DroppedBatches.Add(1)
 	}
 	o.resync = true
@@ -152,5 +131,5 @@ func (o *outbox) drop(b *index.Batch) {
 	o.stats.zeroHeld()
 	o.stats.Partial.Store(true)
 	b.Ops = b.Ops[:0]
-	o.free <- b
+	o.spare = b
 }

@@ -15,7 +15,7 @@ func TestBlockStopsAtTheShardQueue(t *testing.T) {
 	const depth = 8
 	ch := make(chan *index.Batch, depth) // nobody reads: a stalled shard
 	done := make(chan struct{})
-	a := New(Config{Worker: 1, BlockSize: 16, Shard: ch, Done: done})
+	a := New(Config{Worker: 1, BlockSize: 16, Sink: index.NewSender(1, ch, done)})
 	var payloads [][]byte
 	for i := range 3 * depth {
 		payloads = append(payloads, engineenc.AppendBatch(nil, &codec.Batch{Events: []codec.Event{stored(uint64(i+1), 16)}}, engineenc.CurrentVLLM))
@@ -64,7 +64,7 @@ func TestDropOverloadAllocatesNothing(t *testing.T) {
 		t.Skip("the race detector allocates; test.sh runs this without it")
 	}
 	ch := make(chan *index.Batch, 2) // filled below, never read
-	a := New(Config{Worker: 1, BlockSize: 16, Shard: ch, Drop: true})
+	a := New(Config{Worker: 1, BlockSize: 16, Sink: index.NewSender(1, ch, nil), Drop: true})
 	// Each batch stores and removes one block, so each has ops to flush.
 	remove := codec.Event{Type: codec.BlockRemoved, BlockHashes: []uint64{1}}
 	payload := engineenc.AppendBatch(nil, &codec.Batch{Events: []codec.Event{stored(1, 16), remove}}, engineenc.CurrentVLLM)
@@ -88,7 +88,7 @@ func TestStoppingWorkerStillSendsWhatFits(t *testing.T) {
 		ch := make(chan *index.Batch, 1)
 		done := make(chan struct{})
 		close(done)
-		a := New(Config{Worker: 1, BlockSize: 16, Shard: ch, Done: done})
+		a := New(Config{Worker: 1, BlockSize: 16, Sink: index.NewSender(1, ch, done)})
 		a.HandleBatch(0, engineenc.AppendBatch(nil, &codec.Batch{Events: []codec.Event{stored(1, 16)}}, engineenc.CurrentVLLM))
 		if len(ch) != 1 {
 			t.Fatal("a stopping worker dropped a batch its shard had room for")
@@ -105,7 +105,7 @@ func TestStoppingWorkerStillSendsWhatFits(t *testing.T) {
 // takes it out again.
 func TestDropBetweenBatchesKeepsTheMappingTrue(t *testing.T) {
 	ch := make(chan *index.Batch, 1)
-	a := New(Config{Worker: 1, BlockSize: 16, Shard: ch, Drop: true})
+	a := New(Config{Worker: 1, BlockSize: 16, Sink: index.NewSender(1, ch, nil), Drop: true})
 	ch <- &index.Batch{} // the shard is behind
 	a.out.out = a.out.take()
 	for range maxOps { // and the batch being filled is full
@@ -119,8 +119,6 @@ func TestDropBetweenBatchesKeepsTheMappingTrue(t *testing.T) {
 		t.Fatalf("ops after the drop %v, want the clear, then the block", b.Ops)
 	}
 	key := b.Ops[1].Hash
-	b.Ops = b.Ops[:0]
-	b.Return <- b
 	a.apply(&codec.Event{Type: codec.BlockRemoved, BlockHashes: []uint64{1}})
 	a.out.flush()
 	select {

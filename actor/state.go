@@ -53,8 +53,8 @@ func (a *Actor) Export(w *snapshot.Worker) {
 // as a reset does. Until then the worker is partial. Call it in the actor's
 // goroutine; what it held before goes.
 func (a *Actor) Import(w *snapshot.Worker) {
-	// The entries rebuilt from it are the snapshot's, which a Tap had when
-	// they were made: they go to the shard only.
+	// The entries rebuilt from it are the snapshot's: their batches say
+	// so (Batch.Restored), as a history of the worker's ops has them.
 	a.out.restoring = true
 	defer func() { a.out.restoring = false }()
 	a.m.clear()
@@ -103,7 +103,7 @@ func (a *Actor) HandleResumed() {
 func (a *Actor) activate() {
 	a.pending = false
 	a.stats.Partial.Store(a.pendingPartial)
-	a.out.restoring = true // a Tap had them when they were made
+	a.out.restoring = true // Batch.Restored: a history of the worker's ops has them
 	defer func() { a.out.restoring = false }()
 	for h, b := range a.m.routerOf.all() {
 		tiers := b.restored()

@@ -112,7 +112,7 @@ func TestRestoredActorGoesOnLikeTheOriginal(t *testing.T) {
 				var as, bs [workers]*Actor
 				for w := range workers {
 					engines[w] = sim.NewEngine(c.engineBS, 30+rng.IntN(100), c.opts...)
-					as[w] = New(Config{Worker: index.WorkerID(w), BlockSize: c.bs, Shard: orig.Queue(index.WorkerID(w))})
+					as[w] = New(Config{Worker: index.WorkerID(w), BlockSize: c.bs, Sink: index.NewSender(index.WorkerID(w), orig.Queue(index.WorkerID(w)), nil)})
 				}
 				sync := func(s *index.Shards) {
 					if err := s.Sync(context.Background()); err != nil {
@@ -124,7 +124,7 @@ func TestRestoredActorGoesOnLikeTheOriginal(t *testing.T) {
 				for i := range reqs {
 					if i == restoreAt {
 						for w := range workers {
-							bs[w] = roundTrip(t, as[w], Config{Worker: index.WorkerID(w), BlockSize: c.bs, Shard: restored.Queue(index.WorkerID(w))}, true)
+							bs[w] = roundTrip(t, as[w], Config{Worker: index.WorkerID(w), BlockSize: c.bs, Sink: index.NewSender(index.WorkerID(w), restored.Queue(index.WorkerID(w)), nil)}, true)
 						}
 					}
 					w := rng.IntN(workers)
@@ -213,7 +213,7 @@ func TestImportRebuildsTheIndexedBlocksOnly(t *testing.T) {
 
 	published := 0
 	ch := make(chan *index.Batch, 16)
-	b := roundTrip(t, h.a, Config{Worker: 1, BlockSize: 16, Shard: ch, Tap: func([]index.Op) { published++ }}, false)
+	b := roundTrip(t, h.a, Config{Worker: 1, BlockSize: 16, Sink: tapping{index.NewSender(1, ch, nil), func([]index.Op) { published++ }}}, false)
 	r := &harness{t: t, a: b, shard: ch}
 	r.collect()
 	if d := gocmp.Diff([]op{{index.OpClearWorker, 0, 0}}, r.took(), gocmp.AllowUnexported(op{})); d != "" {
@@ -254,7 +254,7 @@ func TestImportRebuildsTheIndexedBlocksOnly(t *testing.T) {
 	// before it drops the snapshot's entries.
 	for _, resetFirst := range []bool{false, true} {
 		ch := make(chan *index.Batch, 16)
-		c := roundTrip(t, h.a, Config{Worker: 1, BlockSize: 16, Shard: ch}, false)
+		c := roundTrip(t, h.a, Config{Worker: 1, BlockSize: 16, Sink: index.NewSender(1, ch, nil)}, false)
 		r := &harness{t: t, a: c, shard: ch}
 		if resetFirst {
 			c.HandleReset(wire.ResetRestart)
@@ -267,12 +267,27 @@ func TestImportRebuildsTheIndexedBlocksOnly(t *testing.T) {
 	}
 }
 
-// The Tap sees every batch of ops before the shard, in shard-sized parts,
-// those of a reset too.
+// tapping shows a func every batch of ops before its Sink has it, but
+// those that restore an imported snapshot (Batch.Restored), as the
+// pipeline's Tap is shown them.
+type tapping struct {
+	Sink
+	see func([]index.Op)
+}
+
+func (t tapping) Send(b *index.Batch, wait bool) bool {
+	if !b.Restored {
+		t.see(b.Ops)
+	}
+	return t.Sink.Send(b, wait)
+}
+
+// A Sink sees every batch of ops, in shard-sized parts, those of a reset
+// too.
 func TestTapSeesEveryBatch(t *testing.T) {
 	var sizes []int
 	ch := make(chan *index.Batch, 16)
-	a := New(Config{Worker: 1, BlockSize: 16, Shard: ch, Tap: func(ops []index.Op) { sizes = append(sizes, len(ops)) }})
+	a := New(Config{Worker: 1, BlockSize: 16, Sink: tapping{index.NewSender(1, ch, nil), func(ops []index.Op) { sizes = append(sizes, len(ops)) }}})
 	h := &harness{t: t, a: a, shard: ch}
 	big := codec.Event{Type: codec.BlockStored, BlockHashes: make([]uint64, 300), TokenIDs: tokens(4, 300, 16), BlockSize: 16}
 	for i := range big.BlockHashes {

@@ -83,7 +83,7 @@ func TestOffloadedBlocksMoveBetweenTiers(t *testing.T) {
 // A tier weighted 0 is not indexed: its events are filtered as lower_tier.
 func TestATierWeightedZeroIsNotIndexed(t *testing.T) {
 	ch := make(chan *index.Batch, 16)
-	h := &harness{t: t, a: New(Config{Worker: 1, BlockSize: 16, Shard: ch, Weights: index.Weights{1, 0, 0.5, 0}}), shard: ch}
+	h := &harness{t: t, a: New(Config{Worker: 1, BlockSize: 16, Sink: index.NewSender(1, ch, nil), Weights: index.Weights{1, 0, 0.5, 0}}), shard: ch}
 	h.send(stored(1, 16, medium("CPU")), stored(2, 16, medium("EXTERNAL")), stored(3, 16, medium("DISK")),
 		codec.Event{Type: codec.AllBlocksCleared, Medium: "CPU_PINNED"})
 	got := h.took()
@@ -174,7 +174,7 @@ func TestAdapterAndSaltKeys(t *testing.T) {
 func TestBadBlockSizeWarnsOncePerWorker(t *testing.T) {
 	var log strings.Builder
 	ch := make(chan *index.Batch, 16)
-	h := &harness{t: t, shard: ch, a: New(Config{Worker: 1, BlockSize: 16, Shard: ch,
+	h := &harness{t: t, shard: ch, a: New(Config{Worker: 1, BlockSize: 16, Sink: index.NewSender(1, ch, nil),
 		Logger: slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{Level: slog.LevelWarn}))})}
 	h.send(stored(1, 24), stored(2, 24), stored(3, 40))
 	h.send(cleared(), stored(4, 24))

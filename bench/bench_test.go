@@ -182,7 +182,7 @@ func BenchmarkInProcess(b *testing.B) {
 			defer shards.Close()
 			var actors [workers]*actor.Actor
 			for i := range actors {
-				actors[i] = actor.New(actor.Config{Worker: index.WorkerID(i), BlockSize: blockSize, Shard: shards.Queue(index.WorkerID(i))})
+				actors[i] = actor.New(actor.Config{Worker: index.WorkerID(i), BlockSize: blockSize, Sink: index.NewSender(index.WorkerID(i), shards.Queue(index.WorkerID(i)), nil)})
 			}
 			pass := func() {
 				var wg sync.WaitGroup
@@ -323,7 +323,7 @@ func BenchmarkIndexMemory(b *testing.B) {
 		shards := index.NewShards(2, 256)
 		var actors [workers]*actor.Actor
 		for i := range actors {
-			actors[i] = actor.New(actor.Config{Worker: index.WorkerID(i), BlockSize: blockSize, Shard: shards.Queue(index.WorkerID(i))})
+			actors[i] = actor.New(actor.Config{Worker: index.WorkerID(i), BlockSize: blockSize, Sink: index.NewSender(index.WorkerID(i), shards.Queue(index.WorkerID(i)), nil)})
 		}
 		var wg sync.WaitGroup
 		for i := range actors {

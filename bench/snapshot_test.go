@@ -20,7 +20,7 @@ func BenchmarkSnapshot(b *testing.B) {
 	defer shards.Close()
 	var actors [workers]*actor.Actor
 	for i := range actors {
-		actors[i] = actor.New(actor.Config{Worker: index.WorkerID(i), BlockSize: blockSize, Shard: shards.Queue(index.WorkerID(i))})
+		actors[i] = actor.New(actor.Config{Worker: index.WorkerID(i), BlockSize: blockSize, Sink: index.NewSender(index.WorkerID(i), shards.Queue(index.WorkerID(i)), nil)})
 		for _, f := range w.frames[i] {
 			actors[i].HandleBatch(0, f)
 		}

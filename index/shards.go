@@ -37,18 +37,20 @@ type Op struct {
 	Parent uint64 // with LinkChild: the key Hash is chained from
 }
 
-// Batch carries one worker's ops to its shard, in order. The shard hands
-// it back on Return once applied, so a worker cycles at most its shard
-// queue's capacity and two more, and the steady state allocates nothing.
+// Batch carries one worker's ops to its shard, in order. A Sender's
+// batches go back to it once applied.
 type Batch struct {
 	Worker WorkerID
 	Ops    []Op
-	Return chan<- *Batch // nil: the shard drops the batch after applying it
+	// Restored: the ops put an imported snapshot's blocks back into the
+	// index, blocks a history of the worker's ops (a Tap) holds already.
+	Restored bool
 	// Held, when set, is kept by the shard as the worker's blocks per tier
 	// (a store adds one, a remove of a block the worker holds takes one): the
 	// count of a worker whose ops are made elsewhere (a relay's follower),
 	// which may remove blocks it never stored here.
 	Held   *[NumTiers]atomic.Int64
+	free   chan<- *Batch   // the Sender's, which reuses it once applied
 	synced chan<- struct{} // a Sync or Sweep marker, not ops
 	sweep  int64           // a Sweep marker's time, unix nanoseconds
 }
@@ -256,8 +258,8 @@ func (sh *shard) apply(b *Batch) {
 		}
 	}
 	sh.unknownRemoves.Store(int64(ix.unknownRemoves))
-	if b.Return != nil {
+	if b.free != nil {
 		b.Ops = b.Ops[:0]
-		b.Return <- b
+		b.free <- b
 	}
 }

@@ -30,7 +30,7 @@ func TestRealisticEnginesThroughTheActor(t *testing.T) {
 			var actors [workers]*actor.Actor
 			for w := range workers {
 				engines[w] = NewEngine(bs, 150, opts...)
-				actors[w] = actor.New(actor.Config{Worker: index.WorkerID(w), BlockSize: bs, Shard: shards.Queue(index.WorkerID(w))})
+				actors[w] = actor.New(actor.Config{Worker: index.WorkerID(w), BlockSize: bs, Sink: index.NewSender(index.WorkerID(w), shards.Queue(index.WorkerID(w)), nil)})
 			}
 			var h index.Hasher
 			hostHits := 0
@@ -105,7 +105,7 @@ func TestEagleEnginesBesidePlainOnes(t *testing.T) {
 			opts = append(opts, WithEagle())
 		}
 		engines[w] = NewEngine(bs, 120, opts...)
-		actors[w] = actor.New(actor.Config{Worker: index.WorkerID(w), BlockSize: bs, Shard: shards.Queue(index.WorkerID(w))})
+		actors[w] = actor.New(actor.Config{Worker: index.WorkerID(w), BlockSize: bs, Sink: index.NewSender(index.WorkerID(w), shards.Queue(index.WorkerID(w)), nil)})
 	}
 	var h index.Hasher
 	for i := range reqs {
