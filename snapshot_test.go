@@ -607,6 +607,38 @@ func TestSnapshotRecordsAWorkerThatCannotAnswerAbsent(t *testing.T) {
 	checkAbsent("restored, not added", &again)
 }
 
+// A snapshot in which every worker would be absent fails, and so does one
+// without a deadline whose Tap cannot flush: an older snapshot is worth
+// more than one that starts every worker afresh, and a caller that set no
+// time limit did not ask for a worker to be given up.
+func TestSnapshotRefusesToGiveUpEveryWorker(t *testing.T) {
+	p, e, h := heldPipeline(t)
+	runUntilCleanup(t, p)
+	holdABatch(t, e, h)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	var s Snapshot
+	if err := p.Snapshot(ctx, &s); err == nil || !strings.Contains(err.Error(), "none of the 1 workers") {
+		t.Errorf("Snapshot with its only worker held = %v, want a refusal", err)
+	}
+	close(h.release)
+
+	failing := errors.New("stream unreachable")
+	p2 := startPipeline(t, Config{Tap: tapFuncs{
+		ops:   func(context.Context, string, []index.Op, seam.Origin) uint64 { return 1 },
+		flush: func(context.Context, string) (uint64, error) { return 0, failing },
+	}})
+	e2 := newEngine(t)
+	if err := p2.AddWorker("a", WorkerConfig{Endpoint: e2.ep, ReplayEndpoint: e2.replay}); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	eventually(t, "running", nil, func() bool { err = p2.Snapshot(context.Background(), &s); return !errors.Is(err, ErrNotRunning) })
+	if !errors.Is(err, failing) {
+		t.Errorf("Snapshot without a deadline, its Tap failing = %v, want %v", err, failing)
+	}
+}
+
 // A name being removed cannot be added again until its removal is queued
 // (and published) behind its last ops: the stream would otherwise remove
 // the new worker.

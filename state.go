@@ -112,8 +112,9 @@ func (p *Pipeline) SaveSnapshot(ctx context.Context, st Store) error {
 // worker gets until half the time left (the rest is for saving the
 // snapshot), and one that has not answered by then, or whose Tap could not
 // flush, is recorded absent (Snapshot.Absent; a restore starts it afresh)
-// and warned about, while the others are kept. Without a deadline it waits
-// for every worker until ctx ends, and then fails. A worker removed
+// and warned about, while the others are kept; it fails if every worker
+// would be absent. Without a deadline it waits for every worker, and fails
+// when ctx ends or a Tap cannot flush. A worker removed
 // meanwhile is left out, and ErrClosed returned when the pipeline stops
 // meanwhile. A Source's workers are not in it: their state is their
 // stream's. It must not be called from Observe or a Tap, which run in the
@@ -138,7 +139,8 @@ func (p *Pipeline) Snapshot(ctx context.Context, snap *Snapshot) error {
 	if runCtx.Err() != nil { // stopping: workers left for that, not for a removal
 		return ErrClosed
 	}
-	n := 0 // keep the workers taken or absent, in order
+	_, bounded := ctx.Deadline()
+	n, absent := 0, 0 // keep the workers taken or absent, in order
 	for i := range dst.Workers {
 		switch outcomes[i] {
 		case takenGone:
@@ -147,11 +149,19 @@ func (p *Pipeline) Snapshot(ctx context.Context, snap *Snapshot) error {
 			if err := ctx.Err(); err != nil { // the caller gave up, not the take's deadline
 				return fmt.Errorf("kvpipe: snapshot: worker %q: %w", list[i].name, err)
 			}
+			if !bounded { // a Tap that could not flush: no time limit asks to give it up
+				return fmt.Errorf("kvpipe: snapshot: worker %q: %w", list[i].name, errs[i])
+			}
 			p.cfg.Logger.Warn("kvpipe: snapshot: worker recorded absent, a restore starts it afresh", "worker", list[i].name, "err", errs[i])
 			dst.Workers[i].SetAbsent(list[i].name)
+			absent++
 		}
 		dst.Workers[n], dst.Workers[i] = dst.Workers[i], dst.Workers[n]
 		n++
+	}
+	if absent > 0 && absent == n {
+		// Every worker would start afresh: an older snapshot is worth more.
+		return fmt.Errorf("kvpipe: snapshot: none of the %d workers answered in time", n)
 	}
 	dst.Workers = append(dst.Workers[:n], waiting...)
 	return nil

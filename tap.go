@@ -27,15 +27,15 @@ type tapped struct {
 }
 
 // tapSink hands the Tap each batch of the actor's ops before the shard
-// has it, but for those that put an imported snapshot's blocks back: the
-// Tap had them when they were made.
+// has it, but for those for the index only (an imported snapshot's blocks,
+// the clear a dropped batch owes): the Tap had them.
 type tapSink struct {
 	actor.Sink
 	t *tapped
 }
 
 func (s tapSink) Send(b *index.Batch, wait bool) bool {
-	if !b.Restored {
+	if !b.IndexOnly {
 		s.t.ops(b.Ops)
 	}
 	return s.Sink.Send(b, wait)

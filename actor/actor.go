@@ -16,8 +16,9 @@ type Config struct {
 	Worker    index.WorkerID
 	Name      string // for logs
 	BlockSize int    // the router's block size, e.g. 16
-	// Sink takes the worker's batches of ops, in order: in a pipeline, an
-	// index.Sender into the worker's shard queue.
+	// Sink takes the worker's batches of ops, in order (required): in a
+	// pipeline, an index.Sender into the worker's shard queue, behind the
+	// pipeline's Tap if it has one.
 	Sink Sink
 	// Drop says what the actor does when its shard is behind. False: it
 	// waits for the shard, and so stops reading the socket; the loss, if

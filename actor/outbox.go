@@ -27,7 +27,7 @@ type outbox struct {
 	// dropped is told of a batch dropped: the mapping's next generation.
 	dropped func()
 
-	restoring bool // putting an imported snapshot's blocks back (Batch.Restored)
+	restoring bool // putting an imported snapshot's blocks back (Batch.IndexOnly)
 }
 
 // room flushes the batch being filled unless it has room for n more ops.
@@ -84,7 +84,7 @@ func (o *outbox) flush() {
 		copy(b.Ops[1:], b.Ops)
 		b.Ops[0] = index.Op{Kind: index.OpClearWorker}
 	}
-	b.Restored = o.restoring
+	b.IndexOnly = o.restoring
 	if o.cfg.Sink.Send(b, !o.cfg.Drop) {
 		o.sent()
 		return
@@ -109,7 +109,7 @@ func (o *outbox) settle() bool {
 	}
 	b := o.take()
 	b.Ops = append(b.Ops[:0], index.Op{Kind: index.OpClearWorker})
-	b.Restored = false
+	b.IndexOnly = true // a Tap had the dropped ops: the clear is the index's alone
 	if o.cfg.Sink.Send(b, false) {
 		o.sent()
 		return false

@@ -133,3 +133,25 @@ func TestDropBetweenBatchesKeepsTheMappingTrue(t *testing.T) {
 		t.Errorf("indexed %d, dropped %d; want 0 and 1", st.IndexedBlocks, st.DroppedBatches)
 	}
 }
+
+// The clear a dropped batch owes, sent alone once the shard has room
+// (HandleIdle), is for the index only: a Tap had the dropped batch's ops.
+func TestSettledClearIsForTheIndexOnly(t *testing.T) {
+	ch := make(chan *index.Batch, 1)
+	var tapped []index.Op
+	see := func(ops []index.Op) { tapped = append(tapped, ops...) }
+	a := New(Config{Worker: 1, BlockSize: 16, Sink: tapping{index.NewSender(1, ch, nil), see}, Drop: true})
+	ch <- &index.Batch{} // the shard is behind
+	a.HandleBatch(0, engineenc.AppendBatch(nil, &codec.Batch{Events: []codec.Event{stored(1, 16)}}, engineenc.CurrentVLLM))
+	<-ch // and catches up
+	if owed := a.HandleIdle(); owed {
+		t.Fatal("HandleIdle still owes the clear with room in the shard")
+	}
+	b := <-ch
+	if len(b.Ops) != 1 || b.Ops[0].Kind != index.OpClearWorker || !b.IndexOnly {
+		t.Errorf("settled batch %+v (index only %v), want a lone clear for the index only", b.Ops, b.IndexOnly)
+	}
+	if len(tapped) != 1 || tapped[0].Kind != index.OpStore {
+		t.Errorf("the Tap saw %+v, want the dropped batch's store alone", tapped)
+	}
+}

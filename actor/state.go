@@ -54,7 +54,7 @@ func (a *Actor) Export(w *snapshot.Worker) {
 // goroutine; what it held before goes.
 func (a *Actor) Import(w *snapshot.Worker) {
 	// The entries rebuilt from it are the snapshot's: their batches say
-	// so (Batch.Restored), as a history of the worker's ops has them.
+	// so (Batch.IndexOnly), as a history of the worker's ops has them.
 	a.out.restoring = true
 	defer func() { a.out.restoring = false }()
 	a.m.clear()

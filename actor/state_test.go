@@ -268,7 +268,7 @@ func TestImportRebuildsTheIndexedBlocksOnly(t *testing.T) {
 }
 
 // tapping shows a func every batch of ops before its Sink has it, but
-// those that restore an imported snapshot (Batch.Restored), as the
+// those for the index only (Batch.IndexOnly), as the
 // pipeline's Tap is shown them.
 type tapping struct {
 	Sink
@@ -276,7 +276,7 @@ type tapping struct {
 }
 
 func (t tapping) Send(b *index.Batch, wait bool) bool {
-	if !b.Restored {
+	if !b.IndexOnly {
 		t.see(b.Ops)
 	}
 	return t.Sink.Send(b, wait)

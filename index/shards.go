@@ -42,9 +42,11 @@ type Op struct {
 type Batch struct {
 	Worker WorkerID
 	Ops    []Op
-	// Restored: the ops put an imported snapshot's blocks back into the
-	// index, blocks a history of the worker's ops (a Tap) holds already.
-	Restored bool
+	// IndexOnly: the ops bring the index back to the worker's history
+	// rather than add to it (an imported snapshot's blocks, the clear a
+	// dropped batch owes it): a history of the worker's ops (a Tap) has
+	// them already.
+	IndexOnly bool
 	// Held, when set, is kept by the shard as the worker's blocks per tier
 	// (a store adds one, a remove of a block the worker holds takes one): the
 	// count of a worker whose ops are made elsewhere (a relay's follower),

@@ -26,7 +26,8 @@ type Tap interface {
 	// Flush returns once every batch given to Ops is stored, with the
 	// position that covers them; a snapshot calls it in the worker's
 	// goroutine once the worker's state is captured, and an error fails
-	// the snapshot.
+	// the snapshot, or, when the snapshot has a deadline, records the
+	// worker absent from it.
 	Flush(ctx context.Context, worker string) (uint64, error)
 }
 
