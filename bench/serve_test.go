@@ -32,8 +32,8 @@ import (
 // by kvpipe serve, with its matches asked in process, over gRPC (h2c: one
 // Match a call; MatchBatch of batchSize prompts a call; MatchStream, one
 // prompt a message on one stream, the next sent once the answer is in, or
-// up to 8 in flight, grpc-stream-8), served and asked by connect-go (grpc)
-// or by grpc-go (grpcgo), and over POST /v1/match on loopback, by
+// up to 8 in flight, grpc-stream-8), served and asked by connect-go (grpc,
+// the main port) or by grpc-go (grpcgo, the --grpc-listen port), and over POST /v1/match on loopback, by
 // one client flat out and at 5k calls/s (that only while the trace streams
 // in flat out, and not for the batch and the streams); finds are calls,
 // matches/s counts prompts; the client runs on the same cores.
@@ -211,17 +211,14 @@ func cpuTime() time.Duration {
 }
 
 // servers are where runServe answers: kvpipe serve's URL, and the address
-// of grpc-go serving the same matches.
+// of its grpc-go port.
 type servers struct{ url, grpcgo string }
 
-// runServe runs kvpipe serve for p on loopback, and grpc-go beside it,
+// runServe runs kvpipe serve for p on loopback, with its grpc-go port,
 // until the benchmark ends.
 func runServe(b *testing.B, p *kvpipe.Pipeline) servers {
-	s, err := serve.New(context.Background(), serve.Config{Pipeline: p, BlockSize: blockSize})
-	if err != nil {
-		b.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	l, gl := listen(b), listen(b)
+	s, err := serve.New(context.Background(), serve.Config{Pipeline: p, BlockSize: blockSize, GRPCListener: gl})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -234,7 +231,15 @@ func runServe(b *testing.B, p *kvpipe.Pipeline) servers {
 			b.Error(err)
 		}
 	})
-	return servers{url: "http://" + l.Addr().String(), grpcgo: runGRPCGo(b, s)}
+	return servers{url: "http://" + l.Addr().String(), grpcgo: gl.Addr().String()}
+}
+
+func listen(b *testing.B) net.Listener {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	return l
 }
 
 // batchSize is how many prompts a grpc-batch call asks: what a router

@@ -30,7 +30,8 @@ import (
 // serveFlags are kvpipe serve's flags.
 type serveFlags struct {
 	eps, replays, allow                     endpoints
-	listen, topic, config, tokenFile        *string
+	listen, grpcListen, topic, config       *string
+	tokenFile                               *string
 	tlsCert, tlsKey, snapshot               *string
 	natsURL, stream, prefix, bucket, object *string
 	blockSize, shards, maxTokens, maxBytes  *int
@@ -47,6 +48,7 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, bool) {
 	fs.Var(&f.replays, "replay", "an engine's replay (ROUTER) endpoint, in --endpoint order or name=URL")
 	fs.Var(&f.allow, "allow", "a CIDR, address or host name that registrations may dial (repeat, or comma-separated); none: registration refused")
 	f.listen = fs.String("listen", ":8080", "address of the gRPC, HTTP/JSON, metrics and status page server")
+	f.grpcListen = fs.String("grpc-listen", "", "address of a second gRPC server, grpc-go's, for every call of the service (about half the CPU a match of --listen's gRPC); empty: none")
 	f.topic = fs.String("topic", "", "ZMQ topic prefix of the --endpoint engines")
 	f.config = fs.String("config", "", `JSON file of workers: {"workers": [{"name": "e0", "endpoint": "tcp://...", "replayEndpoint": "tcp://..."}]}`)
 	f.tokenFile = fs.String("token-file", "", "file holding the bearer token of register, unregister and dump (else $KVPIPE_TOKEN; none: those calls are refused)")
@@ -90,23 +92,40 @@ func serveCmd(ctx context.Context, args []string, stderr io.Writer) int {
 		return 2
 	}
 	defer closeSource()
-	s, err := serve.New(ctx, cfg)
-	if err != nil {
-		fmt.Fprintln(stderr, "kvpipe serve:", err)
-		return 2
-	}
-	l, err := net.Listen("tcp", *f.listen)
+	l, err := listenServe(f, &cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "kvpipe serve:", err)
 		return 1
 	}
+	s, err := serve.New(ctx, cfg)
+	if err != nil {
+		fmt.Fprintln(stderr, "kvpipe serve:", err)
+		return 2 // the process exits: its listeners with it
+	}
 	fmt.Fprintf(stderr, "kvpipe serve: listening on %s (%d workers)\n", l.Addr(), len(cfg.Workers))
+	if cfg.GRPCListener != nil {
+		fmt.Fprintf(stderr, "kvpipe serve: gRPC (grpc-go) on %s\n", cfg.GRPCListener.Addr())
+	}
 	if err := s.Run(ctx, l); err != nil {
 		fmt.Fprintln(stderr, "kvpipe serve:", err)
 		return 1
 	}
 	fmt.Fprintln(stderr, "kvpipe serve: drained")
 	return 0
+}
+
+// listenServe listens on --listen, and on --grpc-listen into
+// cfg.GRPCListener.
+func listenServe(f *serveFlags, cfg *serve.Config) (net.Listener, error) {
+	l, err := net.Listen("tcp", *f.listen)
+	if err != nil || *f.grpcListen == "" {
+		return l, err
+	}
+	if cfg.GRPCListener, err = net.Listen("tcp", *f.grpcListen); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("--grpc-listen: %w", err)
+	}
+	return l, nil
 }
 
 // serveConfig builds the server's config from the flags; closeSource

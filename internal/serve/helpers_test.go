@@ -20,6 +20,10 @@ import (
 	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1/kvpipev1connect"
 	"github.com/kvpipe/kvpipe/internal/wiretest"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 )
 
 const (
@@ -36,12 +40,13 @@ type running struct {
 	url    string
 	http   *http.Client
 	grpc   kvpipev1connect.IndexServiceClient
+	grpcgo kvpipev1.IndexServiceClient // the grpc-go port's, by grpc-go
 	cancel context.CancelFunc
 	done   chan error
 }
 
 // start runs a server with cfg (Pipeline, BlockSize, Token, Allow and Poll
-// defaulted for tests) on 127.0.0.1.
+// defaulted for tests) on 127.0.0.1, with its grpc-go port.
 func start(t *testing.T, cfg Config) *running {
 	t.Helper()
 	if cfg.Pipeline == nil {
@@ -54,11 +59,9 @@ func start(t *testing.T, cfg Config) *running {
 	cfg.BlockSize = testBlock
 	cfg.Poll = orInt(cfg.Poll, 20*time.Millisecond)
 	cfg.Registry = prometheus.NewRegistry()
+	l, gl := listen(t), listen(t)
+	cfg.GRPCListener = gl
 	s, err := New(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +81,41 @@ func start(t *testing.T, cfg Config) *running {
 	r.http = &http.Client{Transport: tr, Timeout: time.Minute}
 	r.grpc = kvpipev1connect.NewIndexServiceClient(r.http, r.url, connect.WithGRPC())
 	t.Cleanup(func() { r.stop() })
+	r.grpcgo = grpcgoClient(t, gl.Addr().String(), cfg.TLS) // closed before the stop above
 	return r
+}
+
+func listen(t *testing.T) net.Listener {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// grpcgoClient is a grpc-go client of addr, over TLS trusting the
+// certificate of server (a selfSigned config) when it is not nil.
+func grpcgoClient(t *testing.T, addr string, server *tls.Config) kvpipev1.IndexServiceClient {
+	t.Helper()
+	creds := insecure.NewCredentials()
+	if server != nil {
+		creds = credentials.NewTLS(&tls.Config{RootCAs: testCA(t, server)})
+	}
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return kvpipev1.NewIndexServiceClient(cc)
+}
+
+// tokenCtx is a grpc-go call's context carrying the bearer token.
+func tokenCtx(token string) context.Context {
+	if token == "" {
+		return context.Background()
+	}
+	return metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+token)
 }
 
 // stop drains the server and returns Run's error (once; later calls nil).

@@ -9,6 +9,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1"
+	"google.golang.org/grpc/status"
 )
 
 // Every guarded call is refused without the token, with a wrong one, and by
@@ -56,21 +57,25 @@ func wantCode(t *testing.T, what string, err error, want connect.Code) {
 		t.Errorf("%s: no error, want %v", what, want)
 		return
 	}
-	if got := connect.CodeOf(err); got != want {
+	if got := codeOf(err); got != want {
 		t.Errorf("%s: %v, want code %v", what, err, want)
 	}
+}
+
+// codeOf is err's code, from either library's client: grpc-go's codes are
+// connect-go's.
+func codeOf(err error) connect.Code {
+	if s, ok := status.FromError(err); ok {
+		return connect.Code(s.Code())
+	}
+	return connect.CodeOf(err)
 }
 
 // A registration may only dial what the allow-list holds, each of its
 // endpoints: PermissionDenied, HTTP 403.
 func TestRefusedOffTheAllowList(t *testing.T) {
 	r := start(t, Config{Token: testToken, Allow: []string{"127.0.0.0/8", "::1"}})
-	for _, w := range []*kvpipev1.WorkerSpec{
-		{Name: "a", Endpoint: "tcp://10.1.2.3:5557"},
-		{Name: "b", Endpoint: "tcp://127.0.0.1:5557", ReplayEndpoint: "tcp://192.168.0.1:5558"},
-		{Name: "c", Endpoint: "tcp://127.0.0.1:5557", SnapshotEndpoint: "tcp://[2001:db8::1]:5559"},
-		{Name: "d", Endpoint: "tcp://no-such-host.invalid:5557"},
-	} {
+	for _, w := range offTheAllowList() {
 		_, err := r.grpc.RegisterWorker(context.Background(), withToken(&kvpipev1.RegisterWorkerRequest{Worker: w}, testToken))
 		wantCode(t, "register "+w.Name, err, connect.CodePermissionDenied)
 	}
@@ -93,22 +98,22 @@ func TestRefusedOffTheAllowList(t *testing.T) {
 	wantCode(t, "register with no allow-list", err, connect.CodePermissionDenied)
 }
 
+// offTheAllowList are registrations with an endpoint off the allow-list
+// 127.0.0.0/8, ::1.
+func offTheAllowList() []*kvpipev1.WorkerSpec {
+	return []*kvpipev1.WorkerSpec{
+		{Name: "a", Endpoint: "tcp://10.1.2.3:5557"},
+		{Name: "b", Endpoint: "tcp://127.0.0.1:5557", ReplayEndpoint: "tcp://192.168.0.1:5558"},
+		{Name: "c", Endpoint: "tcp://127.0.0.1:5557", SnapshotEndpoint: "tcp://[2001:db8::1]:5559"},
+		{Name: "d", Endpoint: "tcp://no-such-host.invalid:5557"},
+	}
+}
+
 // Requests past a limit or malformed are refused with what is wrong: gRPC
 // InvalidArgument, HTTP 400; the server goes on answering.
 func TestRefusedInvalid(t *testing.T) {
 	r := start(t, Config{Token: testToken, Allow: []string{"127.0.0.1"}, MaxTokens: 64, MaxMessageBytes: 4096})
-	for _, c := range []struct {
-		what string
-		req  *kvpipev1.MatchRequest
-	}{
-		{"too many tokens", &kvpipev1.MatchRequest{Tokens: make([]uint32, 65)}},
-		{"too many keys", &kvpipev1.MatchRequest{Keys: make([]uint64, 6)}},
-		{"tokens and keys", &kvpipev1.MatchRequest{Tokens: make([]uint32, 16), Keys: []uint64{1}}},
-		{"keys and a salt", &kvpipev1.MatchRequest{Keys: []uint64{1}, Salt: "s"}},
-		{"multimodal past the tokens", &kvpipev1.MatchRequest{Tokens: make([]uint32, 16), Multimodal: []*kvpipev1.MultiModal{{Hash: "h", Offset: 10, Length: 7}}}},
-		{"multimodal without a hash", &kvpipev1.MatchRequest{Tokens: make([]uint32, 16), Multimodal: []*kvpipev1.MultiModal{{Offset: 0, Length: 1}}}},
-		{"a long salt", &kvpipev1.MatchRequest{Tokens: make([]uint32, 16), Salt: strings.Repeat("s", maxSalt+1)}},
-	} {
+	for _, c := range invalidMatches() {
 		_, err := r.grpc.Match(context.Background(), connect.NewRequest(c.req))
 		wantCode(t, c.what, err, connect.CodeInvalidArgument)
 	}
@@ -136,6 +141,26 @@ func TestRefusedInvalid(t *testing.T) {
 	}
 	if !strings.Contains(r.metricsText(), `kvpipe_serve_refused_total{reason="invalid_argument"}`) {
 		t.Error("refusals not counted")
+	}
+}
+
+// invalidMatch is a match request refused as invalid argument.
+type invalidMatch struct {
+	what string
+	req  *kvpipev1.MatchRequest
+}
+
+// invalidMatches are refused by a server of MaxTokens 64, block size 16.
+func invalidMatches() []invalidMatch {
+	return []invalidMatch{
+		{"too many tokens", &kvpipev1.MatchRequest{Tokens: make([]uint32, 65)}},
+		{"too many keys", &kvpipev1.MatchRequest{Keys: make([]uint64, 6)}},
+		{"tokens and keys", &kvpipev1.MatchRequest{Tokens: make([]uint32, 16), Keys: []uint64{1}}},
+		{"keys and a salt", &kvpipev1.MatchRequest{Keys: []uint64{1}, Salt: "s"}},
+		{"multimodal past the tokens", &kvpipev1.MatchRequest{Tokens: make([]uint32, 16), Multimodal: []*kvpipev1.MultiModal{{Hash: "h", Offset: 10, Length: 7}}}},
+		{"multimodal without a hash", &kvpipev1.MatchRequest{Tokens: make([]uint32, 16), Multimodal: []*kvpipev1.MultiModal{{Offset: 0, Length: 1}}}},
+		{"a long salt", &kvpipev1.MatchRequest{Tokens: make([]uint32, 16), Salt: strings.Repeat("s", maxSalt+1)}},
+		{"a bad routed_to", &kvpipev1.MatchRequest{Keys: []uint64{1}, RoutedTo: "a/b"}},
 	}
 }
 

@@ -64,8 +64,11 @@ func (s *service) MatchStream(ctx context.Context, stream *connect.BidiStream[kv
 	reqs, stop := make(chan *kvpipev1.MatchRequest, streamAhead), make(chan struct{})
 	var readErr error
 	var wg sync.WaitGroup
-	wg.Go(func() { readErr = readRequests(stream, reqs, stop) })
-	err := s.answerStream(ctx, stream, c, reqs)
+	wg.Go(func() { readErr = readRequests(stream.Receive, reqs, stop) })
+	err := s.answerStream(ctx, stream.RequestHeader(), reqs, func(a *kvpipev1.MatchResponse, more bool) error {
+		c.hold = more
+		return stream.Send(a)
+	})
 	close(stop)
 	c.body.Close() // the reader may wait on the client
 	wg.Wait()
@@ -75,12 +78,12 @@ func (s *service) MatchStream(ctx context.Context, stream *connect.BidiStream[kv
 	return err
 }
 
-// readRequests sends the stream's requests on reqs until the client ends
-// its side (nil), the stream fails, or stop; then closes reqs.
-func readRequests(stream *connect.BidiStream[kvpipev1.MatchRequest, kvpipev1.MatchResponse], reqs chan<- *kvpipev1.MatchRequest, stop <-chan struct{}) error {
+// readRequests sends the requests recv returns on reqs until the client
+// ends its side (nil), the stream fails, or stop; then closes reqs.
+func readRequests(recv func() (*kvpipev1.MatchRequest, error), reqs chan<- *kvpipev1.MatchRequest, stop <-chan struct{}) error {
 	defer close(reqs)
 	for {
-		req, err := stream.Receive()
+		req, err := recv()
 		if errors.Is(err, io.EOF) {
 			return nil
 		}
@@ -96,9 +99,9 @@ func readRequests(stream *connect.BidiStream[kvpipev1.MatchRequest, kvpipev1.Mat
 }
 
 // answerStream answers reqs in order until it is closed, ctx ends or the
-// server drains; each answer is flushed unless another request waits.
-func (s *service) answerStream(ctx context.Context, stream *connect.BidiStream[kvpipev1.MatchRequest, kvpipev1.MatchResponse], c *streamConn, reqs <-chan *kvpipev1.MatchRequest) error {
-	h := stream.RequestHeader()
+// server drains; send is told whether another request waits (its answer
+// need not be flushed yet). h is the call's header.
+func (s *service) answerStream(ctx context.Context, h http.Header, reqs <-chan *kvpipev1.MatchRequest, send func(a *kvpipev1.MatchResponse, more bool) error) error {
 	draining := false
 	for {
 		var req *kvpipev1.MatchRequest
@@ -124,8 +127,7 @@ func (s *service) answerStream(ctx context.Context, stream *connect.BidiStream[k
 		if err != nil {
 			return err
 		}
-		c.hold = len(reqs) > 0
-		if err := stream.Send(a); err != nil {
+		if err := send(a, len(reqs) > 0); err != nil {
 			return err
 		}
 	}

@@ -8,11 +8,10 @@
 // - protoc             v3.21.12
 // source: kvpipe/v1/index.proto
 
-package bench
+package kvpipev1
 
 import (
 	context "context"
-	kvpipev1 "github.com/kvpipe/kvpipe/internal/serve/kvpipev1"
 	grpc "google.golang.org/grpc"
 	codes "google.golang.org/grpc/codes"
 	status "google.golang.org/grpc/status"
@@ -46,29 +45,29 @@ const (
 type IndexServiceClient interface {
 	// Match answers, for every worker holding the request's first block, how
 	// many of its leading blocks it holds, per tier, and their weighted score.
-	Match(ctx context.Context, in *kvpipev1.MatchRequest, opts ...grpc.CallOption) (*kvpipev1.MatchResponse, error)
+	Match(ctx context.Context, in *MatchRequest, opts ...grpc.CallOption) (*MatchResponse, error)
 	// MatchBatch answers many requests in one call, in their order: the
 	// transport's cost (HTTP/2 frames, headers, syscalls) is paid once for
 	// all of them. A refused request gets its error in its place; the others
 	// are answered.
-	MatchBatch(ctx context.Context, in *kvpipev1.MatchBatchRequest, opts ...grpc.CallOption) (*kvpipev1.MatchBatchResponse, error)
+	MatchBatch(ctx context.Context, in *MatchBatchRequest, opts ...grpc.CallOption) (*MatchBatchResponse, error)
 	// MatchStream answers each request sent on one long-lived stream, in
 	// order, as it comes: a router keeps it open and pays no per-call
 	// headers. A refused request gets its error in its place; the stream
 	// goes on.
-	MatchStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[kvpipev1.MatchRequest, kvpipev1.MatchResponse], error)
+	MatchStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[MatchRequest, MatchResponse], error)
 	// RegisterWorker subscribes to one more engine; its endpoints' hosts must
 	// be on the server's allow-list.
-	RegisterWorker(ctx context.Context, in *kvpipev1.RegisterWorkerRequest, opts ...grpc.CallOption) (*kvpipev1.RegisterWorkerResponse, error)
+	RegisterWorker(ctx context.Context, in *RegisterWorkerRequest, opts ...grpc.CallOption) (*RegisterWorkerResponse, error)
 	// UnregisterWorker stops a worker and frees its index entries.
-	UnregisterWorker(ctx context.Context, in *kvpipev1.UnregisterWorkerRequest, opts ...grpc.CallOption) (*kvpipev1.UnregisterWorkerResponse, error)
+	UnregisterWorker(ctx context.Context, in *UnregisterWorkerRequest, opts ...grpc.CallOption) (*UnregisterWorkerResponse, error)
 	// ListWorkers returns every worker with its state and counters.
-	ListWorkers(ctx context.Context, in *kvpipev1.ListWorkersRequest, opts ...grpc.CallOption) (*kvpipev1.ListWorkersResponse, error)
+	ListWorkers(ctx context.Context, in *ListWorkersRequest, opts ...grpc.CallOption) (*ListWorkersResponse, error)
 	// WatchWorkers sends every worker's state, then each change of it
 	// (added, removed, connected, partial...) until the call ends.
-	WatchWorkers(ctx context.Context, in *kvpipev1.WatchWorkersRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[kvpipev1.WorkerEvent], error)
+	WatchWorkers(ctx context.Context, in *WatchWorkersRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WorkerEvent], error)
 	// Dump streams one worker's indexed blocks, in chunks.
-	Dump(ctx context.Context, in *kvpipev1.DumpRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[kvpipev1.DumpResponse], error)
+	Dump(ctx context.Context, in *DumpRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DumpResponse], error)
 }
 
 type indexServiceClient struct {
@@ -79,9 +78,9 @@ func NewIndexServiceClient(cc grpc.ClientConnInterface) IndexServiceClient {
 	return &indexServiceClient{cc}
 }
 
-func (c *indexServiceClient) Match(ctx context.Context, in *kvpipev1.MatchRequest, opts ...grpc.CallOption) (*kvpipev1.MatchResponse, error) {
+func (c *indexServiceClient) Match(ctx context.Context, in *MatchRequest, opts ...grpc.CallOption) (*MatchResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(kvpipev1.MatchResponse)
+	out := new(MatchResponse)
 	err := c.cc.Invoke(ctx, IndexService_Match_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
@@ -89,9 +88,9 @@ func (c *indexServiceClient) Match(ctx context.Context, in *kvpipev1.MatchReques
 	return out, nil
 }
 
-func (c *indexServiceClient) MatchBatch(ctx context.Context, in *kvpipev1.MatchBatchRequest, opts ...grpc.CallOption) (*kvpipev1.MatchBatchResponse, error) {
+func (c *indexServiceClient) MatchBatch(ctx context.Context, in *MatchBatchRequest, opts ...grpc.CallOption) (*MatchBatchResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(kvpipev1.MatchBatchResponse)
+	out := new(MatchBatchResponse)
 	err := c.cc.Invoke(ctx, IndexService_MatchBatch_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
@@ -99,22 +98,22 @@ func (c *indexServiceClient) MatchBatch(ctx context.Context, in *kvpipev1.MatchB
 	return out, nil
 }
 
-func (c *indexServiceClient) MatchStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[kvpipev1.MatchRequest, kvpipev1.MatchResponse], error) {
+func (c *indexServiceClient) MatchStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[MatchRequest, MatchResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &IndexService_ServiceDesc.Streams[0], IndexService_MatchStream_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
-	x := &grpc.GenericClientStream[kvpipev1.MatchRequest, kvpipev1.MatchResponse]{ClientStream: stream}
+	x := &grpc.GenericClientStream[MatchRequest, MatchResponse]{ClientStream: stream}
 	return x, nil
 }
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type IndexService_MatchStreamClient = grpc.BidiStreamingClient[kvpipev1.MatchRequest, kvpipev1.MatchResponse]
+type IndexService_MatchStreamClient = grpc.BidiStreamingClient[MatchRequest, MatchResponse]
 
-func (c *indexServiceClient) RegisterWorker(ctx context.Context, in *kvpipev1.RegisterWorkerRequest, opts ...grpc.CallOption) (*kvpipev1.RegisterWorkerResponse, error) {
+func (c *indexServiceClient) RegisterWorker(ctx context.Context, in *RegisterWorkerRequest, opts ...grpc.CallOption) (*RegisterWorkerResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(kvpipev1.RegisterWorkerResponse)
+	out := new(RegisterWorkerResponse)
 	err := c.cc.Invoke(ctx, IndexService_RegisterWorker_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
@@ -122,9 +121,9 @@ func (c *indexServiceClient) RegisterWorker(ctx context.Context, in *kvpipev1.Re
 	return out, nil
 }
 
-func (c *indexServiceClient) UnregisterWorker(ctx context.Context, in *kvpipev1.UnregisterWorkerRequest, opts ...grpc.CallOption) (*kvpipev1.UnregisterWorkerResponse, error) {
+func (c *indexServiceClient) UnregisterWorker(ctx context.Context, in *UnregisterWorkerRequest, opts ...grpc.CallOption) (*UnregisterWorkerResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(kvpipev1.UnregisterWorkerResponse)
+	out := new(UnregisterWorkerResponse)
 	err := c.cc.Invoke(ctx, IndexService_UnregisterWorker_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
@@ -132,9 +131,9 @@ func (c *indexServiceClient) UnregisterWorker(ctx context.Context, in *kvpipev1.
 	return out, nil
 }
 
-func (c *indexServiceClient) ListWorkers(ctx context.Context, in *kvpipev1.ListWorkersRequest, opts ...grpc.CallOption) (*kvpipev1.ListWorkersResponse, error) {
+func (c *indexServiceClient) ListWorkers(ctx context.Context, in *ListWorkersRequest, opts ...grpc.CallOption) (*ListWorkersResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(kvpipev1.ListWorkersResponse)
+	out := new(ListWorkersResponse)
 	err := c.cc.Invoke(ctx, IndexService_ListWorkers_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
@@ -142,13 +141,13 @@ func (c *indexServiceClient) ListWorkers(ctx context.Context, in *kvpipev1.ListW
 	return out, nil
 }
 
-func (c *indexServiceClient) WatchWorkers(ctx context.Context, in *kvpipev1.WatchWorkersRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[kvpipev1.WorkerEvent], error) {
+func (c *indexServiceClient) WatchWorkers(ctx context.Context, in *WatchWorkersRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WorkerEvent], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &IndexService_ServiceDesc.Streams[1], IndexService_WatchWorkers_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
-	x := &grpc.GenericClientStream[kvpipev1.WatchWorkersRequest, kvpipev1.WorkerEvent]{ClientStream: stream}
+	x := &grpc.GenericClientStream[WatchWorkersRequest, WorkerEvent]{ClientStream: stream}
 	if err := x.ClientStream.SendMsg(in); err != nil {
 		return nil, err
 	}
@@ -159,15 +158,15 @@ func (c *indexServiceClient) WatchWorkers(ctx context.Context, in *kvpipev1.Watc
 }
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type IndexService_WatchWorkersClient = grpc.ServerStreamingClient[kvpipev1.WorkerEvent]
+type IndexService_WatchWorkersClient = grpc.ServerStreamingClient[WorkerEvent]
 
-func (c *indexServiceClient) Dump(ctx context.Context, in *kvpipev1.DumpRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[kvpipev1.DumpResponse], error) {
+func (c *indexServiceClient) Dump(ctx context.Context, in *DumpRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DumpResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &IndexService_ServiceDesc.Streams[2], IndexService_Dump_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
-	x := &grpc.GenericClientStream[kvpipev1.DumpRequest, kvpipev1.DumpResponse]{ClientStream: stream}
+	x := &grpc.GenericClientStream[DumpRequest, DumpResponse]{ClientStream: stream}
 	if err := x.ClientStream.SendMsg(in); err != nil {
 		return nil, err
 	}
@@ -178,7 +177,7 @@ func (c *indexServiceClient) Dump(ctx context.Context, in *kvpipev1.DumpRequest,
 }
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type IndexService_DumpClient = grpc.ServerStreamingClient[kvpipev1.DumpResponse]
+type IndexService_DumpClient = grpc.ServerStreamingClient[DumpResponse]
 
 // IndexServiceServer is the server API for IndexService service.
 // All implementations must embed UnimplementedIndexServiceServer
@@ -192,29 +191,29 @@ type IndexService_DumpClient = grpc.ServerStreamingClient[kvpipev1.DumpResponse]
 type IndexServiceServer interface {
 	// Match answers, for every worker holding the request's first block, how
 	// many of its leading blocks it holds, per tier, and their weighted score.
-	Match(context.Context, *kvpipev1.MatchRequest) (*kvpipev1.MatchResponse, error)
+	Match(context.Context, *MatchRequest) (*MatchResponse, error)
 	// MatchBatch answers many requests in one call, in their order: the
 	// transport's cost (HTTP/2 frames, headers, syscalls) is paid once for
 	// all of them. A refused request gets its error in its place; the others
 	// are answered.
-	MatchBatch(context.Context, *kvpipev1.MatchBatchRequest) (*kvpipev1.MatchBatchResponse, error)
+	MatchBatch(context.Context, *MatchBatchRequest) (*MatchBatchResponse, error)
 	// MatchStream answers each request sent on one long-lived stream, in
 	// order, as it comes: a router keeps it open and pays no per-call
 	// headers. A refused request gets its error in its place; the stream
 	// goes on.
-	MatchStream(grpc.BidiStreamingServer[kvpipev1.MatchRequest, kvpipev1.MatchResponse]) error
+	MatchStream(grpc.BidiStreamingServer[MatchRequest, MatchResponse]) error
 	// RegisterWorker subscribes to one more engine; its endpoints' hosts must
 	// be on the server's allow-list.
-	RegisterWorker(context.Context, *kvpipev1.RegisterWorkerRequest) (*kvpipev1.RegisterWorkerResponse, error)
+	RegisterWorker(context.Context, *RegisterWorkerRequest) (*RegisterWorkerResponse, error)
 	// UnregisterWorker stops a worker and frees its index entries.
-	UnregisterWorker(context.Context, *kvpipev1.UnregisterWorkerRequest) (*kvpipev1.UnregisterWorkerResponse, error)
+	UnregisterWorker(context.Context, *UnregisterWorkerRequest) (*UnregisterWorkerResponse, error)
 	// ListWorkers returns every worker with its state and counters.
-	ListWorkers(context.Context, *kvpipev1.ListWorkersRequest) (*kvpipev1.ListWorkersResponse, error)
+	ListWorkers(context.Context, *ListWorkersRequest) (*ListWorkersResponse, error)
 	// WatchWorkers sends every worker's state, then each change of it
 	// (added, removed, connected, partial...) until the call ends.
-	WatchWorkers(*kvpipev1.WatchWorkersRequest, grpc.ServerStreamingServer[kvpipev1.WorkerEvent]) error
+	WatchWorkers(*WatchWorkersRequest, grpc.ServerStreamingServer[WorkerEvent]) error
 	// Dump streams one worker's indexed blocks, in chunks.
-	Dump(*kvpipev1.DumpRequest, grpc.ServerStreamingServer[kvpipev1.DumpResponse]) error
+	Dump(*DumpRequest, grpc.ServerStreamingServer[DumpResponse]) error
 	mustEmbedUnimplementedIndexServiceServer()
 }
 
@@ -225,28 +224,28 @@ type IndexServiceServer interface {
 // pointer dereference when methods are called.
 type UnimplementedIndexServiceServer struct{}
 
-func (UnimplementedIndexServiceServer) Match(context.Context, *kvpipev1.MatchRequest) (*kvpipev1.MatchResponse, error) {
+func (UnimplementedIndexServiceServer) Match(context.Context, *MatchRequest) (*MatchResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Match not implemented")
 }
-func (UnimplementedIndexServiceServer) MatchBatch(context.Context, *kvpipev1.MatchBatchRequest) (*kvpipev1.MatchBatchResponse, error) {
+func (UnimplementedIndexServiceServer) MatchBatch(context.Context, *MatchBatchRequest) (*MatchBatchResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method MatchBatch not implemented")
 }
-func (UnimplementedIndexServiceServer) MatchStream(grpc.BidiStreamingServer[kvpipev1.MatchRequest, kvpipev1.MatchResponse]) error {
+func (UnimplementedIndexServiceServer) MatchStream(grpc.BidiStreamingServer[MatchRequest, MatchResponse]) error {
 	return status.Error(codes.Unimplemented, "method MatchStream not implemented")
 }
-func (UnimplementedIndexServiceServer) RegisterWorker(context.Context, *kvpipev1.RegisterWorkerRequest) (*kvpipev1.RegisterWorkerResponse, error) {
+func (UnimplementedIndexServiceServer) RegisterWorker(context.Context, *RegisterWorkerRequest) (*RegisterWorkerResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RegisterWorker not implemented")
 }
-func (UnimplementedIndexServiceServer) UnregisterWorker(context.Context, *kvpipev1.UnregisterWorkerRequest) (*kvpipev1.UnregisterWorkerResponse, error) {
+func (UnimplementedIndexServiceServer) UnregisterWorker(context.Context, *UnregisterWorkerRequest) (*UnregisterWorkerResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method UnregisterWorker not implemented")
 }
-func (UnimplementedIndexServiceServer) ListWorkers(context.Context, *kvpipev1.ListWorkersRequest) (*kvpipev1.ListWorkersResponse, error) {
+func (UnimplementedIndexServiceServer) ListWorkers(context.Context, *ListWorkersRequest) (*ListWorkersResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListWorkers not implemented")
 }
-func (UnimplementedIndexServiceServer) WatchWorkers(*kvpipev1.WatchWorkersRequest, grpc.ServerStreamingServer[kvpipev1.WorkerEvent]) error {
+func (UnimplementedIndexServiceServer) WatchWorkers(*WatchWorkersRequest, grpc.ServerStreamingServer[WorkerEvent]) error {
 	return status.Error(codes.Unimplemented, "method WatchWorkers not implemented")
 }
-func (UnimplementedIndexServiceServer) Dump(*kvpipev1.DumpRequest, grpc.ServerStreamingServer[kvpipev1.DumpResponse]) error {
+func (UnimplementedIndexServiceServer) Dump(*DumpRequest, grpc.ServerStreamingServer[DumpResponse]) error {
 	return status.Error(codes.Unimplemented, "method Dump not implemented")
 }
 func (UnimplementedIndexServiceServer) mustEmbedUnimplementedIndexServiceServer() {}
@@ -271,7 +270,7 @@ func RegisterIndexServiceServer(s grpc.ServiceRegistrar, srv IndexServiceServer)
 }
 
 func _IndexService_Match_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(kvpipev1.MatchRequest)
+	in := new(MatchRequest)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
@@ -283,13 +282,13 @@ func _IndexService_Match_Handler(srv interface{}, ctx context.Context, dec func(
 		FullMethod: IndexService_Match_FullMethodName,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(IndexServiceServer).Match(ctx, req.(*kvpipev1.MatchRequest))
+		return srv.(IndexServiceServer).Match(ctx, req.(*MatchRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
 
 func _IndexService_MatchBatch_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(kvpipev1.MatchBatchRequest)
+	in := new(MatchBatchRequest)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
@@ -301,20 +300,20 @@ func _IndexService_MatchBatch_Handler(srv interface{}, ctx context.Context, dec 
 		FullMethod: IndexService_MatchBatch_FullMethodName,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(IndexServiceServer).MatchBatch(ctx, req.(*kvpipev1.MatchBatchRequest))
+		return srv.(IndexServiceServer).MatchBatch(ctx, req.(*MatchBatchRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
 
 func _IndexService_MatchStream_Handler(srv interface{}, stream grpc.ServerStream) error {
-	return srv.(IndexServiceServer).MatchStream(&grpc.GenericServerStream[kvpipev1.MatchRequest, kvpipev1.MatchResponse]{ServerStream: stream})
+	return srv.(IndexServiceServer).MatchStream(&grpc.GenericServerStream[MatchRequest, MatchResponse]{ServerStream: stream})
 }
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type IndexService_MatchStreamServer = grpc.BidiStreamingServer[kvpipev1.MatchRequest, kvpipev1.MatchResponse]
+type IndexService_MatchStreamServer = grpc.BidiStreamingServer[MatchRequest, MatchResponse]
 
 func _IndexService_RegisterWorker_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(kvpipev1.RegisterWorkerRequest)
+	in := new(RegisterWorkerRequest)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
@@ -326,13 +325,13 @@ func _IndexService_RegisterWorker_Handler(srv interface{}, ctx context.Context, 
 		FullMethod: IndexService_RegisterWorker_FullMethodName,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(IndexServiceServer).RegisterWorker(ctx, req.(*kvpipev1.RegisterWorkerRequest))
+		return srv.(IndexServiceServer).RegisterWorker(ctx, req.(*RegisterWorkerRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
 
 func _IndexService_UnregisterWorker_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(kvpipev1.UnregisterWorkerRequest)
+	in := new(UnregisterWorkerRequest)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
@@ -344,13 +343,13 @@ func _IndexService_UnregisterWorker_Handler(srv interface{}, ctx context.Context
 		FullMethod: IndexService_UnregisterWorker_FullMethodName,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(IndexServiceServer).UnregisterWorker(ctx, req.(*kvpipev1.UnregisterWorkerRequest))
+		return srv.(IndexServiceServer).UnregisterWorker(ctx, req.(*UnregisterWorkerRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
 
 func _IndexService_ListWorkers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(kvpipev1.ListWorkersRequest)
+	in := new(ListWorkersRequest)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
@@ -362,32 +361,32 @@ func _IndexService_ListWorkers_Handler(srv interface{}, ctx context.Context, dec
 		FullMethod: IndexService_ListWorkers_FullMethodName,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(IndexServiceServer).ListWorkers(ctx, req.(*kvpipev1.ListWorkersRequest))
+		return srv.(IndexServiceServer).ListWorkers(ctx, req.(*ListWorkersRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
 
 func _IndexService_WatchWorkers_Handler(srv interface{}, stream grpc.ServerStream) error {
-	m := new(kvpipev1.WatchWorkersRequest)
+	m := new(WatchWorkersRequest)
 	if err := stream.RecvMsg(m); err != nil {
 		return err
 	}
-	return srv.(IndexServiceServer).WatchWorkers(m, &grpc.GenericServerStream[kvpipev1.WatchWorkersRequest, kvpipev1.WorkerEvent]{ServerStream: stream})
+	return srv.(IndexServiceServer).WatchWorkers(m, &grpc.GenericServerStream[WatchWorkersRequest, WorkerEvent]{ServerStream: stream})
 }
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type IndexService_WatchWorkersServer = grpc.ServerStreamingServer[kvpipev1.WorkerEvent]
+type IndexService_WatchWorkersServer = grpc.ServerStreamingServer[WorkerEvent]
 
 func _IndexService_Dump_Handler(srv interface{}, stream grpc.ServerStream) error {
-	m := new(kvpipev1.DumpRequest)
+	m := new(DumpRequest)
 	if err := stream.RecvMsg(m); err != nil {
 		return err
 	}
-	return srv.(IndexServiceServer).Dump(m, &grpc.GenericServerStream[kvpipev1.DumpRequest, kvpipev1.DumpResponse]{ServerStream: stream})
+	return srv.(IndexServiceServer).Dump(m, &grpc.GenericServerStream[DumpRequest, DumpResponse]{ServerStream: stream})
 }
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type IndexService_DumpServer = grpc.ServerStreamingServer[kvpipev1.DumpResponse]
+type IndexService_DumpServer = grpc.ServerStreamingServer[DumpResponse]
 
 // IndexService_ServiceDesc is the grpc.ServiceDesc for IndexService service.
 // It's only intended for direct use with grpc.RegisterService,
