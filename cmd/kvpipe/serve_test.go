@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -17,11 +18,15 @@ import (
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"github.com/kvpipe/kvpipe/internal/natstest"
+	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1"
 	"github.com/kvpipe/kvpipe/internal/wiretest"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 )
 
-// kvpipe serve with a worker from a --config file: it answers, and SIGTERM
-// drains it (exit 0) with its snapshot saved.
+// kvpipe serve with a worker from a --config file: it answers, on its
+// --grpc-listen port too, and SIGTERM drains it (exit 0) with its snapshot
+// saved.
 func TestServeDrainsOnSIGTERM(t *testing.T) {
 	dir := t.TempDir()
 	config := filepath.Join(dir, "workers.json")
@@ -33,7 +38,7 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 	done := make(chan int, 1)
 	go func() {
 		done <- run(context.Background(), []string{"serve", "--listen", "127.0.0.1:0", "--config", config,
-			"--token-file", token, "--snapshot", snap}, nil, io.Discard, stderrW)
+			"--token-file", token, "--snapshot", snap, "--grpc-listen", "127.0.0.1:0"}, nil, io.Discard, stderrW)
 		stderrW.Close()
 	}()
 	lines := bufio.NewScanner(stderrR)
@@ -41,6 +46,10 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 		t.Fatalf("stderr %q, want the listening line", lines.Text())
 	}
 	addr := strings.Fields(lines.Text())[4]
+	if !lines.Scan() || !strings.Contains(lines.Text(), "gRPC (grpc-go) on") {
+		t.Fatalf("stderr %q, want the grpc-go line", lines.Text())
+	}
+	grpcAddr := strings.Fields(lines.Text())[5]
 	client := &http.Client{Timeout: time.Minute}
 	defer client.CloseIdleConnections()
 	resp, err := client.Get("http://" + addr + "/v1/workers")
@@ -51,6 +60,9 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 	resp.Body.Close()
 	if !strings.Contains(string(body), `"e0"`) {
 		t.Errorf("GET /v1/workers: %s, want e0", body)
+	}
+	if names := grpcgoWorkers(t, grpcAddr); len(names) != 1 || names[0] != "e0" {
+		t.Errorf("ListWorkers over grpc-go: %v, want e0", names)
 	}
 	// Our own process: serve's handler takes the signal, as in production.
 	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
@@ -65,6 +77,38 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 	}
 	if _, err := os.Stat(snap); err != nil {
 		t.Errorf("snapshot not saved: %v", err)
+	}
+}
+
+// grpcgoWorkers lists the workers of the grpc-go port at addr.
+func grpcgoWorkers(t *testing.T, addr string) []string {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	list, err := kvpipev1.NewIndexServiceClient(cc).ListWorkers(context.Background(), &kvpipev1.ListWorkersRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, w := range list.Workers {
+		names = append(names, w.Name)
+	}
+	return names
+}
+
+// A --grpc-listen address taken: exit 1, saying which flag.
+func TestServeGRPCListenTaken(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var errOut strings.Builder
+	if code := run(context.Background(), []string{"serve", "--listen", "127.0.0.1:0", "--grpc-listen", l.Addr().String()}, nil, io.Discard, &errOut); code != 1 || !strings.Contains(errOut.String(), "--grpc-listen") {
+		t.Errorf("exit %d, stderr %q; want 1 and --grpc-listen", code, errOut.String())
 	}
 }
 
