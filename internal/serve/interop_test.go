@@ -34,13 +34,14 @@ type pyClient struct {
 	server string
 }
 
-func newPyClient(t *testing.T, r *running) *pyClient {
+// newPyClient is a Python client of the server at addr (host:port).
+func newPyClient(t *testing.T, addr string) *pyClient {
 	t.Helper()
 	python := enginepeer.Python(t)
 	if exec.Command(python, "-c", "import grpc, grpc_tools").Run() != nil {
 		enginepeer.Missing(t, "python3 with grpc and grpc_tools (apt-get install python3-grpcio python3-grpc-tools)")
 	}
-	return &pyClient{t: t, python: python, server: strings.TrimPrefix(r.url, "http://")}
+	return &pyClient{t: t, python: python, server: addr}
 }
 
 // run runs one client command and decodes its first line of JSON.
@@ -115,13 +116,14 @@ func (c *pyClient) checkBatchAndRouted(full, half []uint32) {
 }
 
 // The Python client (grpcio) registers a C libzmq engine with a live serve
-// and asks it: the scores are the engine's blocks, and a dump names them.
+// and asks it, on both ports: the scores are the engine's blocks, and a
+// dump names them.
 func TestInteropPythonClient(t *testing.T) {
 	ep, replay := freeTCP(t), freeTCP(t)
 	engine := enginepeer.Start(t, "../../wire/testdata/engine_pub.py", "--endpoint", ep, "--replay", replay)
 	engine.Expect("ready")
 	r := start(t, Config{Token: testToken, Allow: []string{"127.0.0.1"}})
-	py := newPyClient(t, r)
+	py := newPyClient(t, strings.TrimPrefix(r.url, "http://"))
 	var reg struct {
 		Worker struct{ Name, Endpoint string }
 	}
@@ -145,6 +147,11 @@ func TestInteropPythonClient(t *testing.T) {
 		t.Errorf("Python match of 12 of the engine's blocks, then others: %+v", m)
 	}
 	py.checkBatchAndRouted(full, half)
+	pyGo := newPyClient(t, r.s.cfg.GRPCListener.Addr().String())
+	if m := pyGo.match(full); len(m.Matches) != 1 || m.Matches[0].Worker != "e0" || m.Matches[0].Blocks != 20 {
+		t.Errorf("Python match on the grpc-go port of the engine's 20 blocks: %+v", m)
+	}
+	pyGo.checkBatchAndRouted(full, half)
 	var dump struct{ Blocks []struct{ Hash string } }
 	py.run(&dump, "dump", "--worker", "e0")
 	var hashes []string
