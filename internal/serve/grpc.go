@@ -46,6 +46,10 @@ func newGRPCServer(g *grpcService, cfg *Config) *grpc.Server {
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(cfg.MaxMessageBytes), grpc.MaxConcurrentStreams(grpcMaxStreams),
 		grpc.MaxHeaderListSize(grpcMaxHeaderBytes),
+		// Stopped, it waits for the handlers too: none asks the pipeline
+		// once Run stops it, and none starts a stream reader once Run
+		// waits for them.
+		grpc.WaitForHandlers(true),
 		grpc.ChainUnaryInterceptor(g.unary), grpc.ChainStreamInterceptor(g.stream),
 	}
 	if cfg.TLS != nil {
