@@ -8,10 +8,13 @@ import (
 // Rounds of FindMatchesRequest: the keys of its first round, and how many
 // times more each next round has. Most of the trace's prompts are matched
 // for their first 32 keys (a shared system prompt) and no further, so the
-// first round ends past that with the jump's second step.
+// first round ends past that with the jump's second step. Doubling hashes
+// at most twice the keys a match needs (4x hashed up to four times), and
+// the searches it repeats cost about as much in all: each is a jump over
+// a key in jumpStep, and the rounds' keys add up to twice the last's.
 const (
 	lazyFirst  = 2 * jumpStep
-	lazyGrowth = 4
+	lazyGrowth = 2
 )
 
 // FindMatchesRequest is FindMatches of r's keys (h.RequestKeys, or
