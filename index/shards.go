@@ -94,7 +94,9 @@ type shard struct {
 	in    chan *Batch
 	ix    *writer
 	preds predictions
-	// Read by metrics from any goroutine; written by the shard alone.
+	// Read by metrics from any goroutine; written by the shard alone after
+	// every batch, so off the line of what lookups read.
+	_              lineGap
 	nodes          [NumTiers]atomic.Int64 // per tier
 	unknownRemoves atomic.Int64
 }

@@ -75,17 +75,27 @@ const (
 	lookahead = 32
 )
 
+// lineGap keeps what one core writes off the cache line of what others
+// read: a field after it is on another line than one before it, however
+// the struct is aligned.
+type lineGap [64]byte
+
 // table is one version of a shard's index.
 type table struct {
-	readers atomic.Int32    // readers that pinned this version
-	data    []atomic.Uint64 // size+1 entries of stride words: key, then bitset; entry size is key 0's
-	slots   []atomic.Uint32 // device tables: bitset slot -> WorkerID, as of this version
-	taken   []atomic.Uint64 // device tables: bit s set once slots[s] maps a worker in this version
-	closed  []atomic.Uint64 // device tables: bit s set while slot s's worker is closed (writer.setClosed)
-	gen     uint64          // the writer's slot generation when this version was made
-	size    int             // entries, key 0's aside: any count, not only a power of two
-	words   int             // bitset words per entry
-	stride  int             // 1 + words
+	data   []atomic.Uint64 // size+1 entries of stride words: key, then bitset; entry size is key 0's
+	slots  []atomic.Uint32 // device tables: bitset slot -> WorkerID, as of this version
+	taken  []atomic.Uint64 // device tables: bit s set once slots[s] maps a worker in this version
+	closed []atomic.Uint64 // device tables: bit s set while slot s's worker is closed (writer.setClosed)
+	gen    uint64          // the writer's slot generation when this version was made
+	size   int             // entries, key 0's aside: any count, not only a power of two
+	words  int             // bitset words per entry
+	stride int             // 1 + words
+	// readers is written by every lookup, the fields above read by the
+	// writer on every op: on one line, each pin would take the line from
+	// the writer's core and each op take it back.
+	_       lineGap
+	readers atomic.Int32 // readers that pinned this version
+	_       lineGap
 }
 
 func (t *table) home(k uint64) int { return homeOf(k, t.size) }
@@ -461,11 +471,13 @@ func record(scores []Score, gone, first uint64, rank, t, blocks int) {
 // tierIx is one tier's index: the version readers pin, and the writer's
 // bookkeeping of it.
 type tierIx struct {
-	cur   atomic.Pointer[table] // the version readers pin
-	t     *table                // == cur.Load(), without the atomic
-	spare *table                // the last version unpublished, if small: reused once no reader holds it
-	used  int                   // entries of t with a key (key 0's aside), held or emptied
-	live  int                   // entries some worker holds, key 0's included
+	t     *table // == cur.Load(), without the atomic
+	spare *table // the last version unpublished, if small: reused once no reader holds it
+	used  int    // entries of t with a key (key 0's aside), held or emptied
+	live  int    // entries some worker holds, key 0's included
+	// used and live change with most ops, cur is loaded by every lookup.
+	_   lineGap
+	cur atomic.Pointer[table] // the version readers pin
 }
 
 // pin returns the current version with its reader count held; the caller

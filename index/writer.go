@@ -28,6 +28,9 @@ type writer struct {
 	capacity int    // a lower tier's first table's entries
 	gen      uint64 // the slot generation: see the memory order in table.go
 
+	// Lookups read the fields above (tierIx's cur on), the writer alone
+	// those below, some on every op.
+	_        lineGap
 	holders  map[WorkerID]*holder
 	owner    []WorkerID // slot -> worker, where taken
 	taken    []bool
