@@ -130,9 +130,10 @@ func TestShardsAgainstModel(t *testing.T) {
 	for seed := range uint64(30) {
 		tiered := seed%2 == 1
 		rng := rand.New(rand.NewPCG(seed, 99))
-		shards := NewShards(1+int(seed%4), 8)
+		// Past shardGroup shards, a lookup reads them in groups.
+		shards := NewShards([]int{1, 2, 3, 4, shardGroup + 2}[seed%5], 8)
 		ref := model{}
-		const workers = 6
+		const workers = 12
 		for range 300 {
 			w := WorkerID(rng.IntN(workers))
 			b := &Batch{Worker: w}

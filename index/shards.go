@@ -161,23 +161,48 @@ func (s *Shards) FindMatches(ctx context.Context, dst []Score, hashes []uint64) 
 		return dst, err
 	}
 	start := len(dst)
-	if len(hashes) > 1 && len(s.shards) > 1 {
-		// The end of the first jump step, in every shard at once: most
-		// matches end in that step, and its loads are most of a lookup.
-		k := hashes[min(jumpStep, len(hashes)-1)]
-		for _, sh := range s.shards {
-			t := sh.ix.pin() // the device's version: tiers come to it too
-			t.touch(k)
-			unpin(t)
-		}
-	}
-	for _, sh := range s.shards {
-		from := len(dst)
-		dst = sh.ix.findMatches(dst, hashes)
-		dst = sh.preds.match(dst, from, hashes)
+	for i := 0; i < len(s.shards); i += shardGroup {
+		dst = matchGroup(dst, hashes, s.shards[i:min(i+shardGroup, len(s.shards))])
 	}
 	slices.SortFunc(dst[start:], func(a, b Score) int { return cmp.Compare(a.Worker, b.Worker) })
 	return dst, nil
+}
+
+// shardGroup is how many shards a lookup reads the first step of together.
+const shardGroup = 8
+
+// matchGroup appends the scores of group's workers. Most matches end in the
+// first jump step, and its loads are most of a lookup: the first key's and
+// the step end's entries, and the closed masks. Those are loaded in every
+// shard before any is walked, so that the shards' cache misses overlap
+// instead of adding up, and the version pinned for them is the one walked.
+func matchGroup(dst []Score, hashes []uint64, group []*shard) []Score {
+	var pinned [shardGroup]*table // device-only shards' versions
+	if len(hashes) > 1 && len(group) > 1 {
+		k := hashes[min(jumpStep, len(hashes)-1)]
+		for i, sh := range group {
+			t := sh.ix.pin() // the device's version: tiers come to it too
+			t.touch(hashes[0])
+			t.touch(k)
+			t.closed[0].Load()
+			if sh.ix.lowerSet.Load() == 0 {
+				pinned[i] = t
+			} else {
+				unpin(t) // findMatches pins every tier's
+			}
+		}
+	}
+	for i, sh := range group {
+		from := len(dst)
+		if t := pinned[i]; t != nil {
+			dst = t.match(dst, hashes, &sh.ix.opened)
+			unpin(t)
+		} else {
+			dst = sh.ix.findMatches(dst, hashes)
+		}
+		dst = sh.preds.match(dst, from, hashes)
+	}
+	return dst
 }
 
 // Sync returns once every shard has applied every batch queued before the
