@@ -317,3 +317,51 @@ func TestFindMatchesRequestAllocatesNothing(t *testing.T) {
 		}
 	}
 }
+
+// A match ending at a round's last key, or one key before or after it, is
+// scored over every key: rounds go on exactly while a score reaches their
+// end. Worker 1's stores carry links (jump search), worker 2's do not (key
+// by key), on 1 and 4 shards.
+func TestLazyRoundEdges(t *testing.T) {
+	ctx := context.Background()
+	const n = 700 // keys of the prompt
+	toks := make([]uint32, 16*n+7)
+	for i := range toks {
+		toks[i] = uint32(i * 7)
+	}
+	var h Hasher
+	r := &Request{Tokens: toks}
+	keys := h.Prompt(nil, toks, 16)
+	ends := []int{0, 1, n - 1, n}
+	for end := lazyFirst; end < n; end *= lazyGrowth {
+		ends = append(ends, end-1, end, end+1)
+	}
+	for _, shards := range []int{1, 4} {
+		for _, held := range ends {
+			s := NewShards(shards, 4)
+			linked, bare := &Batch{Worker: 1}, &Batch{Worker: 2}
+			for i, k := range keys[:held] {
+				o := Op{Kind: OpStore, Link: LinkRoot, Hash: k}
+				if i > 0 {
+					o.Link, o.Parent = LinkChild, keys[i-1]
+				}
+				linked.Ops = append(linked.Ops, o)
+				bare.Ops = append(bare.Ops, Op{Kind: OpStore, Hash: k})
+			}
+			s.Queue(1) <- linked
+			s.Queue(2) <- bare
+			if err := s.Sync(ctx); err != nil {
+				t.Fatal(err)
+			}
+			got, err := s.FindMatchesRequest(ctx, nil, &h, r, 16, false)
+			s.Close()
+			var want []Score
+			if held > 0 {
+				want = []Score{dev(1, held), dev(2, held)}
+			}
+			if err != nil || !slices.Equal(got, want) {
+				t.Errorf("%d shards, %d keys held: %v, %v; want %v", shards, held, got, err, want)
+			}
+		}
+	}
+}
