@@ -327,8 +327,9 @@ func benchIngest(b *testing.B, trace func(*testing.B) ([]Batch, [][]uint64)) {
 // shards as 8 more workers, flat out, each pass ending with their clears.
 // By keys, and from tokens (FindMatchesRequest). It reports each
 // lookup's latency percentiles, overall and per prompt length (up to 512
-// keys, up to 2,048, longer), the lookups and the blocks applied per second;
-// allocs/op counts the ingest's allocations too.
+// keys, up to 2,048, longer), the lookups and the blocks applied per second,
+// and from tokens the keys hashed per lookup; allocs/op counts the
+// ingest's allocations too.
 func BenchmarkShardsFindMatchesUnderIngest(b *testing.B) {
 	steps, prompts := trace(b)
 	prompts = prompts[len(prompts)-recent:]
@@ -394,7 +395,7 @@ func lookups(b *testing.B, s *Shards, prompts [][]uint64, tokens [][]uint32, rep
 	var dst []Score
 	var h Hasher
 	var r Request
-	matched := 0
+	matched, hashed := 0, 0
 	b.ReportAllocs()
 	b.ResetTimer()
 	sent.Store(0)
@@ -418,6 +419,9 @@ func lookups(b *testing.B, s *Shards, prompts [][]uint64, tokens [][]uint32, rep
 			best = max(best, sc.Blocks)
 		}
 		matched += best
+		if tokens != nil {
+			hashed += lazyHashed(len(p), best)
+		}
 		i++
 	}
 	elapsed := b.Elapsed().Seconds()
@@ -428,6 +432,20 @@ func lookups(b *testing.B, s *Shards, prompts [][]uint64, tokens [][]uint32, rep
 	b.ReportMetric(float64(b.N)/elapsed, "lookups/s")
 	b.ReportMetric(float64(applied)/elapsed, "ingest-blocks/s")
 	b.ReportMetric(float64(matched)/float64(b.N), "best-match-blocks")
+	if tokens != nil {
+		b.ReportMetric(float64(hashed)/float64(b.N), "hashed-blocks")
+	}
+}
+
+// lazyHashed is how many of a prompt's n keys FindMatchesRequest hashes
+// when the best score is best (no tiers or predictions): the end of the
+// first round that best does not reach, or all.
+func lazyHashed(n, best int) int {
+	for want := lazyFirst; ; want *= lazyGrowth {
+		if want >= n || best < want {
+			return min(want, n)
+		}
+	}
 }
 
 // latencies keeps lookup latencies overall and per prompt length bucket,
