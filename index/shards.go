@@ -169,8 +169,9 @@ func (s *Shards) FindMatches(ctx context.Context, dst []Score, hashes []uint64) 
 }
 
 // sortByWorker sorts scores by Worker. A lookup's scores are few (the
-// workers holding its first key), and an insertion sort without a compare
-// func is several times faster than slices.SortFunc on them; many go to
+// workers holding its first key): slices.SortFunc, a compare func call a
+// step, took two fifths of FindMatches' own time on 16 of them (4 shards
+// under ingest), an insertion sort on Worker far less; many go to
 // SortFunc.
 func sortByWorker(scores []Score) {
 	if len(scores) > 32 {
