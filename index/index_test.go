@@ -202,3 +202,21 @@ func TestShardsAgainstModel(t *testing.T) {
 		}
 	}
 }
+
+// sortByWorker orders any number of scores by worker, on both of its paths
+// (insertion up to 32, SortFunc past).
+func TestSortByWorker(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, n := range []int{0, 1, 2, 16, 32, 33, 200} {
+		var scores []Score
+		for _, w := range rng.Perm(n) {
+			scores = append(scores, Score{Worker: WorkerID(w), Blocks: w + 1})
+		}
+		sortByWorker(scores)
+		for i, sc := range scores {
+			if sc.Worker != WorkerID(i) || sc.Blocks != i+1 {
+				t.Fatalf("%d scores: %v at %d", n, sc, i)
+			}
+		}
+	}
+}
