@@ -33,18 +33,9 @@ func (h *Hasher) EaglePrompt(dst []uint64, tokens []uint32, blockSize int) []uin
 // the multimodal inputs overlapping the block itself, [i·bs, (i+1)·bs)) and
 // the chain are RequestKeys'. It allocates nothing when dst has room.
 func (h *Hasher) EagleKeys(dst []uint64, r *Request, blockSize int) []uint64 {
-	if blockSize <= 0 {
-		return dst
-	}
-	ns := Namespace(r.Lora, r.LoraID, r.HasLoraID, r.Salt)
-	mm := mmWalk{mm: r.MultiModal, sorted: sortedInputs(r.MultiModal)}
-	var parent uint64
-	for start := 0; start+blockSize < len(r.Tokens); start += blockSize {
-		end := start + blockSize
-		parent = h.Key(parent, start > 0, ns, mm.digest(start, end), r.Tokens[start:end+1])
-		dst = append(dst, parent)
-	}
-	return dst
+	ks := newKeyStream(dst, h, r, blockSize, true)
+	ks.upTo(ks.n)
+	return ks.keys
 }
 
 func sortedInputs(mm []MultiModal) bool {

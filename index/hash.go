@@ -206,40 +206,9 @@ type Request struct {
 // adapter and the salt are in the namespace, never in a block's digest.
 // It allocates nothing when dst has room.
 func (h *Hasher) RequestKeys(dst []uint64, r *Request, blockSize int) []uint64 {
-	if blockSize <= 0 {
-		return dst
-	}
-	ns := Namespace(r.Lora, r.LoraID, r.HasLoraID, r.Salt)
-	mm := r.MultiModal
-	sorted := true
-	for i := 1; i < len(mm); i++ {
-		if mm[i].Offset < mm[i-1].Offset {
-			sorted = false
-			break
-		}
-	}
-	var parent uint64
-	next := 0 // first input that may still overlap a block, when sorted
-	for start := 0; start+blockSize <= len(r.Tokens); start += blockSize {
-		end := start + blockSize
-		var d extrakeys.Digest
-		if sorted {
-			for j := next; j < len(mm) && mm[j].Offset < end; j++ {
-				if mm[j].Offset+mm[j].Length <= start {
-					if j == next {
-						next++
-					}
-					continue
-				}
-				d.MultiModal(mm[j].Hash, int64(mm[j].Offset-start))
-			}
-		} else {
-			digestUnsorted(&d, mm, start, end)
-		}
-		parent = h.Key(parent, start > 0, ns, d.Sum(), r.Tokens[start:end])
-		dst = append(dst, parent)
-	}
-	return dst
+	ks := newKeyStream(dst, h, r, blockSize, false)
+	ks.upTo(ks.n)
+	return ks.keys
 }
 
 // digestUnsorted adds the inputs overlapping [start, end) to d in the order

@@ -27,7 +27,7 @@ const (
 // FindMatches' of all the keys, and reflects the shards as its last round
 // read them. It allocates nothing once h and dst have room.
 func (s *Shards) FindMatchesRequest(ctx context.Context, dst []Score, h *Hasher, r *Request, blockSize int, eagle bool) ([]Score, error) {
-	ks := newKeyStream(h, r, blockSize, eagle)
+	ks := newKeyStream(h.keys[:0], h, r, blockSize, eagle)
 	defer func() { h.keys = ks.keys[:0] }()
 	start := len(dst)
 	for want := lazyFirst; ; want *= lazyGrowth {
@@ -51,8 +51,9 @@ func reachEnd(scores []Score, n int) bool {
 	return false
 }
 
-// keyStream hashes a request's keys in order, as far as asked: those of
-// RequestKeys (or EagleKeys), with the scratch of a Hasher.
+// keyStream hashes a request's keys in order, as far as asked, appending
+// them to keys after its first base: RequestKeys and EagleKeys hash them
+// all at once, FindMatchesRequest as its search needs them.
 type keyStream struct {
 	h      *Hasher
 	tokens []uint32
@@ -62,11 +63,13 @@ type keyStream struct {
 	ns     uint64
 	mm     mmWalk
 	n      int      // keys in all
-	keys   []uint64 // hashed so far
+	keys   []uint64 // keys[base:] hashed so far
+	base   int
 }
 
-func newKeyStream(h *Hasher, r *Request, blockSize int, eagle bool) keyStream {
-	ks := keyStream{h: h, tokens: r.Tokens, size: blockSize, step: blockSize, keys: h.keys[:0]}
+// newKeyStream returns the stream of r's keys, to be appended to dst.
+func newKeyStream(dst []uint64, h *Hasher, r *Request, blockSize int, eagle bool) keyStream {
+	ks := keyStream{h: h, tokens: r.Tokens, size: blockSize, step: blockSize, keys: dst, base: len(dst)}
 	if blockSize <= 0 {
 		return ks
 	}
@@ -87,13 +90,13 @@ func newKeyStream(h *Hasher, r *Request, blockSize int, eagle bool) keyStream {
 // hashed.
 func (ks *keyStream) upTo(n int) []uint64 {
 	n = min(n, ks.n)
-	i := len(ks.keys)
+	i := len(ks.keys) - ks.base
 	if i >= n {
-		return ks.keys
+		return ks.keys[ks.base:]
 	}
 	var parent uint64
 	if i > 0 {
-		parent = ks.keys[i-1]
+		parent = ks.keys[len(ks.keys)-1]
 	}
 	if ks.plain {
 		for ; i < n; i++ {
@@ -104,7 +107,7 @@ func (ks *keyStream) upTo(n int) []uint64 {
 			parent = th
 			ks.keys = append(ks.keys, parent)
 		}
-		return ks.keys
+		return ks.keys[ks.base:]
 	}
 	for ; i < n; i++ {
 		start := i * ks.step
@@ -112,5 +115,5 @@ func (ks *keyStream) upTo(n int) []uint64 {
 		parent = ks.h.Key(parent, i > 0, ks.ns, extra, ks.tokens[start:start+ks.size])
 		ks.keys = append(ks.keys, parent)
 	}
-	return ks.keys
+	return ks.keys[ks.base:]
 }

@@ -60,7 +60,7 @@ func TestKeyStreamEqualsAllAtOnce(t *testing.T) {
 		want := c.keys(&h)
 		name := fmt.Sprintf("%d tokens, block %d, eagle %v, %+v", len(c.r.Tokens), c.bs, c.eagle, c.r.MultiModal)
 		for _, step := range []int{1, 7, 64, len(want) + 1} {
-			ks := newKeyStream(&h, &c.r, c.bs, c.eagle)
+			ks := newKeyStream(nil, &h, &c.r, c.bs, c.eagle)
 			if ks.n != len(want) {
 				t.Fatalf("%s: stream of %d keys, want %d", name, ks.n, len(want))
 			}
