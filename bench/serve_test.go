@@ -94,11 +94,36 @@ func serveIngesting(b *testing.B, w *workload, paced bool) {
 	}
 }
 
-// serveSettled: one pipeline for every case, the trace's first pass
-// applied; then each iteration is a second (a tenth under -short) of
-// nothing streaming in, or of the trace streaming in again at its own
-// pace (live).
+// serveSettled: one pipeline for every case (settledServe), each iteration
+// one of its ticks.
 func serveSettled(b *testing.B, w *workload, live bool) {
+	p, at, in := settledServe(b, w, live)
+	for _, via := range serveVias {
+		b.Run(via+"/query=flat", func(b *testing.B) {
+			ask := newAsker(b, via, p, at, w.prompts)
+			// The process's CPU time is the calls' (and the live ingest's):
+			// per match, a figure the machine's load does not move.
+			runtime.GC() // each case from the same heap, not the garbage of the one before
+			before := cpuTime()
+			in.n, in.blocks, in.events = 0, 0, 0
+			measure(b, w, 0, in.next, ask.find)
+			ask.report(b)
+			n := float64(max(ask.matches(), 1))
+			b.ReportMetric(float64((cpuTime()-before).Nanoseconds())/n, "cpu-ns/match")
+			// What streamed in, not measure's passes of the whole trace.
+			b.SetBytes(0)
+			sec := (time.Duration(in.n) * in.tick).Seconds()
+			b.ReportMetric(float64(in.blocks)/sec, "blocks/s")
+			b.ReportMetric(float64(in.events)/sec, "events/s")
+		})
+	}
+}
+
+// settledServe runs kvpipe serve for a pipeline the trace's first pass
+// has been applied to, and returns its ticks: a second (a tenth under
+// -short) of nothing streaming in, or of the trace streaming in again at
+// its own pace (live).
+func settledServe(b *testing.B, w *workload, live bool) (*kvpipe.Pipeline, servers, *ticks) {
 	tick := time.Second
 	if testing.Short() {
 		tick = 100 * time.Millisecond
@@ -116,25 +141,7 @@ func serveSettled(b *testing.B, w *workload, live bool) {
 	if live {
 		in = livePass(b, w, &settled, pass, tick)
 	}
-	for _, via := range serveVias {
-		b.Run(via+"/query=flat", func(b *testing.B) {
-			ask := newAsker(b, via, p, at, w.prompts)
-			// The process's CPU time is the calls' (and the live ingest's):
-			// per match, a figure the machine's load does not move.
-			runtime.GC() // each case from the same heap, not the garbage of the one before
-			before := cpuTime()
-			in.n, in.blocks, in.events = 0, 0, 0
-			measure(b, w, 0, in.next, ask.find)
-			ask.report(b)
-			n := float64(max(ask.matches(), 1))
-			b.ReportMetric(float64((cpuTime()-before).Nanoseconds())/n, "cpu-ns/match")
-			// What streamed in, not measure's passes of the whole trace.
-			b.SetBytes(0)
-			sec := (time.Duration(in.n) * tick).Seconds()
-			b.ReportMetric(float64(in.blocks)/sec, "blocks/s")
-			b.ReportMetric(float64(in.events)/sec, "events/s")
-		})
-	}
+	return p, at, in
 }
 
 // ticks is an iteration of serveSettled: a tick of the trace streaming in
