@@ -3,6 +3,7 @@ package serve
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"sync"
@@ -25,6 +26,10 @@ const grpcMaxStreams = 250
 // grpcMaxHeaderBytes bounds a call's metadata, net/http's default.
 const grpcMaxHeaderBytes = 1 << 20
 
+// grpcWindowBytes is the grpc-go port's flow-control window, a stream's
+// and a connection's: many requests of 600 keys in flight.
+const grpcWindowBytes = 1 << 20
+
 // grpcService serves the IndexService through grpc-go, on a port of its
 // own (Config.GRPCListener): grpc-go's HTTP/2 server takes about half of
 // connect-go's CPU per match (docs/PERFORMANCE.md), and it cannot share the
@@ -35,9 +40,9 @@ type grpcService struct {
 	kvpipev1.UnimplementedIndexServiceServer
 	svc      *service
 	inFlight prometheus.Gauge
-	// readers are the MatchStreams' request readers. One blocked in Recv
-	// returns only once its stream has ended, after its handler: Run waits
-	// for them once the server has stopped.
+	// readers are the MatchStreams' request readers (streamAnswerer). One
+	// blocked in Recv returns only once its stream has ended, after its
+	// handler: Run waits for them once the server has stopped.
 	readers sync.WaitGroup
 }
 
@@ -46,6 +51,12 @@ func newGRPCServer(g *grpcService, cfg *Config) *grpc.Server {
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(cfg.MaxMessageBytes), grpc.MaxConcurrentStreams(grpcMaxStreams),
 		grpc.MaxHeaderListSize(grpcMaxHeaderBytes),
+		// Fixed windows: grpc-go's dynamic ones probe the bandwidth with a
+		// ping on data received, which for a router's request-answer
+		// traffic never grows the window and comes with every request, a
+		// write and a read more each (docs/PERFORMANCE.md). A connection
+		// buffers no more than its window either way.
+		grpc.StaticStreamWindowSize(grpcWindowBytes), grpc.StaticConnWindowSize(grpcWindowBytes),
 		// Stopped, it waits for the handlers too: none asks the pipeline
 		// once Run stops it, and none starts a stream reader once Run
 		// waits for them.
@@ -146,26 +157,69 @@ func (g *grpcService) MatchBatch(ctx context.Context, r *kvpipev1.MatchBatchRequ
 	return g.svc.matchBatch(ctx, callHeader(ctx), r)
 }
 
-// MatchStream answers as the main port's does. Its requests are read by a
-// goroutine of their own, so that a draining server can end an idle
-// stream, which a handler waiting in Recv could not.
+// MatchStream answers as the main port's does, but its requests are read
+// and answered, one at a time, by a goroutine of its own (one of readers):
+// a draining server must end an idle stream, which a handler waiting in
+// Recv could not, and a hand-off of each request to the handler would
+// cost a wake-up a match. The handler waits for that goroutine's end or
+// the drain; draining, it lets the answer in progress be sent, and none
+// after: only the handler's goroutine may send once it has returned.
 func (g *grpcService) MatchStream(stream grpc.BidiStreamingServer[kvpipev1.MatchRequest, kvpipev1.MatchResponse]) error {
-	reqs, stop := make(chan *kvpipev1.MatchRequest, streamAhead), make(chan struct{})
-	var readErr error
-	done := make(chan struct{})
-	g.readers.Go(func() {
-		defer close(done)
-		readErr = readRequests(stream.Recv, reqs, stop)
-	})
-	ctx := stream.Context()
-	// grpc-go's writer merges the answers ready together by itself.
-	err := g.svc.answerStream(ctx, callHeader(ctx), reqs, func(a *kvpipev1.MatchResponse, _ bool) error { return stream.Send(a) })
-	close(stop)
-	if err != nil {
-		return err // the reader ends with the stream
+	a := &streamAnswerer{stream: stream, svc: g.svc}
+	ended := make(chan error, 1)
+	g.readers.Go(func() { ended <- a.run() })
+	select {
+	case err := <-ended:
+		return err
+	case <-g.svc.closing:
+		a.mu.Lock() // the answer in progress sent
+		a.draining = true
+		a.mu.Unlock()
+		return errDraining // the reader ends with the stream
 	}
-	<-done // reqs is closed: the reader has returned
-	return readErr
+}
+
+// streamAnswerer answers a grpc-go MatchStream's requests in order on the
+// goroutine that reads them.
+type streamAnswerer struct {
+	stream grpc.BidiStreamingServer[kvpipev1.MatchRequest, kvpipev1.MatchResponse]
+	svc    *service
+	// mu is held while a request is answered; draining, set under it,
+	// says the handler has returned: no more answers.
+	mu       sync.Mutex
+	draining bool
+}
+
+// run answers requests until the client ends its side (nil), the stream
+// fails, or the server drains.
+func (a *streamAnswerer) run() error {
+	ctx := a.stream.Context()
+	h := callHeader(ctx)
+	for {
+		req, err := a.stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := a.answer(ctx, h, req); err != nil {
+			return err
+		}
+	}
+}
+
+func (a *streamAnswerer) answer(ctx context.Context, h http.Header, req *kvpipev1.MatchRequest) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.draining {
+		return errDraining // not sent: the handler has ended the stream
+	}
+	out, err := refusedInPlace(a.svc.match(ctx, h, req))
+	if err != nil {
+		return err
+	}
+	return a.stream.Send(out)
 }
 
 func (g *grpcService) RegisterWorker(ctx context.Context, r *kvpipev1.RegisterWorkerRequest) (*kvpipev1.RegisterWorkerResponse, error) {
