@@ -39,6 +39,7 @@ const grpcWindowBytes = 1 << 20
 type grpcService struct {
 	kvpipev1.UnimplementedIndexServiceServer
 	svc      *service
+	codec    *matchCodec
 	inFlight prometheus.Gauge
 	// readers are the MatchStreams' request readers (streamAnswerer). One
 	// blocked in Recv returns only once its stream has ended, after its
@@ -61,6 +62,7 @@ func newGRPCServer(g *grpcService, cfg *Config) *grpc.Server {
 		// once Run stops it, and none starts a stream reader once Run
 		// waits for them.
 		grpc.WaitForHandlers(true),
+		grpc.ForceServerCodecV2(g.codec),
 		grpc.ChainUnaryInterceptor(g.unary), grpc.ChainStreamInterceptor(g.stream),
 	}
 	if cfg.TLS != nil {
@@ -141,7 +143,17 @@ func (g *grpcService) stream(srv any, ss grpc.ServerStream, info *grpc.StreamSer
 }
 
 func (g *grpcService) Match(ctx context.Context, r *kvpipev1.MatchRequest) (*kvpipev1.MatchResponse, error) {
+	defer g.release(r)
 	return g.svc.match(ctx, routedHeader(ctx, r), r)
+}
+
+// release gives r's keys back to the codec once r is answered, but for a
+// routed request's: the pipeline keeps them as its prediction.
+func (g *grpcService) release(r *kvpipev1.MatchRequest) {
+	if r.RoutedTo == "" {
+		g.codec.keys.put(r.Keys)
+		r.Keys = nil
+	}
 }
 
 // routedHeader is the header match reads only for a request with
@@ -165,7 +177,7 @@ func (g *grpcService) MatchBatch(ctx context.Context, r *kvpipev1.MatchBatchRequ
 // the drain; draining, it lets the answer in progress be sent, and none
 // after: only the handler's goroutine may send once it has returned.
 func (g *grpcService) MatchStream(stream grpc.BidiStreamingServer[kvpipev1.MatchRequest, kvpipev1.MatchResponse]) error {
-	a := &streamAnswerer{stream: stream, svc: g.svc}
+	a := &streamAnswerer{stream: stream, g: g}
 	ended := make(chan error, 1)
 	g.readers.Go(func() { ended <- a.run() })
 	select {
@@ -183,7 +195,7 @@ func (g *grpcService) MatchStream(stream grpc.BidiStreamingServer[kvpipev1.Match
 // goroutine that reads them.
 type streamAnswerer struct {
 	stream grpc.BidiStreamingServer[kvpipev1.MatchRequest, kvpipev1.MatchResponse]
-	svc    *service
+	g      *grpcService
 	// mu is held while a request is answered; draining, set under it,
 	// says the handler has returned: no more answers.
 	mu       sync.Mutex
@@ -215,7 +227,8 @@ func (a *streamAnswerer) answer(ctx context.Context, h http.Header, req *kvpipev
 	if a.draining {
 		return errDraining // not sent: the handler has ended the stream
 	}
-	out, err := refusedInPlace(a.svc.match(ctx, h, req))
+	defer a.g.release(req)
+	out, err := refusedInPlace(a.g.svc.match(ctx, h, req))
 	if err != nil {
 		return err
 	}

@@ -105,7 +105,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.svc = &service{p: cfg.Pipeline, limits: limits{maxTokens: cfg.MaxTokens, blockSize: cfg.BlockSize}, guard: g,
 		closing: s.closing, saved: s.saveWorkers, specs: map[string]*kvpipev1.WorkerSpec{}}
 	s.svc.mon = newMonitor(cfg.Pipeline.Stats, s.svc.spec, cfg.Poll)
-	s.grpc = &grpcService{svc: s.svc, inFlight: s.inFlight}
+	s.grpc = &grpcService{svc: s.svc, codec: newMatchCodec(), inFlight: s.inFlight}
 	s.handler = s.routes()
 	return s, nil
 }

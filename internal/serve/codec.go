@@ -1,0 +1,142 @@
+package serve
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync"
+
+	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	protobuf "google.golang.org/protobuf/proto"
+)
+
+// matchKeysField is MatchRequest.keys' field number.
+const matchKeysField protowire.Number = 2
+
+// maxPooledKeys bounds the key buffers keyPool keeps: a rare huge request's
+// is left to the collector rather than held.
+const maxPooledKeys = 1 << 16
+
+// matchCodec is the grpc-go port's codec: protobuf's, but a MatchRequest's
+// keys, the bulk of a router's request, are copied from the wire (the
+// little-endian words they are there) into a buffer of keys, which the
+// handler gives back once answered. A new array per request, zeroed and
+// then filled, was most of what decoding a request cost the server.
+type matchCodec struct {
+	proto encoding.CodecV2
+	keys  keyPool
+}
+
+func newMatchCodec() *matchCodec {
+	return &matchCodec{proto: encoding.GetCodecV2(proto.Name)}
+}
+
+// Name is protobuf's: the codec reads and writes the same bytes.
+func (c *matchCodec) Name() string { return proto.Name }
+
+func (c *matchCodec) Marshal(v any) (mem.BufferSlice, error) { return c.proto.Marshal(v) }
+
+func (c *matchCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	r, ok := v.(*kvpipev1.MatchRequest)
+	if !ok {
+		return c.proto.Unmarshal(data, v)
+	}
+	var b []byte
+	if len(data) == 1 {
+		b = data[0].ReadOnlyData()
+	} else {
+		b = data.Materialize()
+	}
+	return unmarshalMatchRequest(b, r, &c.keys)
+}
+
+// unmarshalMatchRequest is protobuf's unmarshal of b into r, but with the
+// packed keys read into a buffer of pool; the other fields go to protobuf-go.
+// A request that sends a key unpacked (valid, and rare) is protobuf-go's
+// alone.
+func unmarshalMatchRequest(b []byte, r *kvpipev1.MatchRequest, pool *keyPool) error {
+	var keys []uint64
+	rest := b // b without its keys fields: b itself while none is seen
+	copied := false
+	for i := 0; i < len(b); {
+		num, typ, n := protowire.ConsumeTag(b[i:])
+		m := 0
+		if n > 0 {
+			m = protowire.ConsumeFieldValue(num, typ, b[i+n:])
+		}
+		end := i + n + m
+		switch {
+		case n < 0 || m < 0 || (num == matchKeysField && typ != protowire.BytesType):
+			// Malformed (protobuf-go says how), or a key unpacked.
+			pool.put(keys)
+			return protobuf.Unmarshal(b, r)
+		case num != matchKeysField:
+			if copied {
+				rest = append(rest, b[i:end]...)
+			}
+		default:
+			v, _ := protowire.ConsumeBytes(b[i+n:])
+			if len(v)%8 != 0 {
+				pool.put(keys)
+				return fmt.Errorf("match request: keys: %d bytes, not a whole number of 8-byte keys", len(v))
+			}
+			keys = appendKeys(keys, v, pool)
+			if !copied { // the fields before this one
+				rest, copied = append([]byte(nil), b[:i]...), true
+			}
+		}
+		i = end
+	}
+	if err := protobuf.Unmarshal(rest, r); err != nil {
+		pool.put(keys)
+		return err
+	}
+	if keys != nil {
+		r.Keys = keys
+	}
+	return nil
+}
+
+// appendKeys appends the little-endian words of v to keys, taking a buffer
+// from pool when keys has none.
+func appendKeys(keys []uint64, v []byte, pool *keyPool) []uint64 {
+	n := len(v) / 8
+	if keys == nil {
+		keys = pool.get(n)
+	}
+	keys = growKeys(keys, n)
+	for j := range n {
+		keys = append(keys, binary.LittleEndian.Uint64(v[8*j:]))
+	}
+	return keys
+}
+
+func growKeys(keys []uint64, n int) []uint64 {
+	if cap(keys)-len(keys) >= n {
+		return keys
+	}
+	grown := make([]uint64, len(keys), len(keys)+n)
+	copy(grown, keys)
+	return grown
+}
+
+// keyPool holds key buffers for matchCodec: one a request in flight.
+type keyPool struct{ p sync.Pool }
+
+// get is an empty buffer with room for n keys.
+func (p *keyPool) get(n int) []uint64 {
+	if k, _ := p.p.Get().(*[]uint64); k != nil && cap(*k) >= n {
+		return (*k)[:0]
+	}
+	return make([]uint64, 0, max(n, 64))
+}
+
+// put gives keys back, once nothing refers to them.
+func (p *keyPool) put(keys []uint64) {
+	if keys != nil && cap(keys) <= maxPooledKeys {
+		p.p.Put(&keys)
+	}
+}
