@@ -34,7 +34,8 @@ const clientEnv = "KVPIPE_BENCH_CLIENT"
 // callers=N callers at once on one connection, each with one prompt in
 // flight: unary Match calls (grpcgo) or one MatchStream each
 // (grpcgo-stream). Latency is the client's, from a request's send to its
-// answer; each iteration is a tick of the ingest.
+// answer; each iteration is a tick of the ingest. A case with no client
+// (none) says what the ingest alone takes.
 func BenchmarkServeRemote(b *testing.B) {
 	w := load(b)
 	ingests := []string{"live", "idle"}
@@ -44,6 +45,7 @@ func BenchmarkServeRemote(b *testing.B) {
 	for _, ingest := range ingests {
 		b.Run("ingest="+ingest, func(b *testing.B) {
 			_, at, in := settledServe(b, w, ingest == "live")
+			b.Run("none", func(b *testing.B) { ingestOnly(b, in) })
 			for _, mode := range []string{"unary", "stream"} {
 				for _, callers := range []int{1, 2, 4} {
 					via := "grpcgo"
@@ -57,6 +59,18 @@ func BenchmarkServeRemote(b *testing.B) {
 			}
 		})
 	}
+}
+
+// ingestOnly reports the cores this process takes for b.N ticks of in
+// with nothing asked: the ingest's share of BenchmarkServeRemote's
+// server-cpu-ns/match.
+func ingestOnly(b *testing.B, in *ticks) {
+	runtime.GC()
+	before := cpuTime()
+	for b.Loop() {
+		in.next()
+	}
+	b.ReportMetric(float64(cpuTime()-before)/float64(b.Elapsed()), "server-cores")
 }
 
 // askRemote lets c ask for b.N ticks of in, and reports its rate and

@@ -44,13 +44,11 @@ func (c *matchCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	if !ok {
 		return c.proto.Unmarshal(data, v)
 	}
-	var b []byte
-	if len(data) == 1 {
-		b = data[0].ReadOnlyData()
-	} else {
-		b = data.Materialize()
-	}
-	return unmarshalMatchRequest(b, r, &c.keys)
+	// A request comes in pieces (a piece a frame read): joined in a buffer
+	// of grpc-go's pool, not a new one.
+	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
+	defer buf.Free()
+	return unmarshalMatchRequest(buf.ReadOnlyData(), r, &c.keys)
 }
 
 // unmarshalMatchRequest is protobuf's unmarshal of b into r, but with the
