@@ -101,14 +101,7 @@ func natsRestartMidStream(t *testing.T, srv *natstest.Server, js jetstream.JetSt
 	srv.StartAgain()
 	a.serve(reqs[400:500])
 	b.serve(reqs[500:])
-	relayed(t, rr, a, b)
-	caughtUp(t, js, s, r)
-	if err := exact(r.p, a, b); err != nil {
-		t.Error(err)
-	}
-	if err := sameBlocks(rr.Pipeline(), r); err != nil {
-		t.Error(err)
-	}
+	converged(t, js, s, rr, r, a, b)
 	st, fs, ss := rr.Stats(), r.f.Stats(), streamState(t, js, s)
 	// Each publish is a message of its own here (nothing is replayed): a
 	// duplicate can only be a retry of one the server stored but could
@@ -192,14 +185,7 @@ func TestRelayRestartedFromSnapshot(t *testing.T) {
 	}
 	a.serve(reqs[400:])
 	b.serve(reqs[:50])
-	relayed(t, rr2, a, b)
-	caughtUp(t, js, s, r)
-	if err := exact(r.p, a, b); err != nil {
-		t.Error(err)
-	}
-	if err := sameBlocks(rr2.Pipeline(), r); err != nil {
-		t.Error(err)
-	}
+	converged(t, js, s, rr2, r, a, b)
 }
 
 // A relay started from a snapshot that records a worker absent (the last
@@ -251,14 +237,7 @@ func TestRelayStartsAnAbsentWorkerAfresh(t *testing.T) {
 	}
 	a.serve(reqs[200:])
 	b.serve(reqs[:50])
-	relayed(t, rr2, a, b)
-	caughtUp(t, js, s, r)
-	if err := exact(r.p, a, b); err != nil {
-		t.Error(err)
-	}
-	if err := sameBlocks(rr2.Pipeline(), r); err != nil {
-		t.Error(err)
-	}
+	converged(t, js, s, rr2, r, a, b)
 }
 
 // Two relays for the same engines, the second started late: it catches up
@@ -359,14 +338,7 @@ func TestRouterJoinsLate(t *testing.T) {
 	relayed(t, rr, a, b)
 	r := startRouter(t, js, s)
 	b.serve(reqs[:80])
-	relayed(t, rr, a, b)
-	caughtUp(t, js, s, r)
-	if err := exact(r.p, a, b); err != nil {
-		t.Error(err)
-	}
-	if err := sameBlocks(rr.Pipeline(), r); err != nil {
-		t.Error(err)
-	}
+	converged(t, js, s, rr, r, a, b)
 	fs, ss := r.f.Stats(), streamState(t, js, s)
 	if fs.SnapshotsLoaded != 1 || fs.SnapshotsRefused != 0 || fs.Applied+fs.Skipped != ss.LastSeq-meta.StreamLast {
 		t.Errorf("router %+v: want the snapshot loaded and only the %d messages after its seq %d read", fs, ss.LastSeq-meta.StreamLast, meta.StreamLast)
@@ -755,14 +727,7 @@ func TestWorkerRemovedAndAddedAgain(t *testing.T) {
 	if err := rr.AddWorker(a.name, a.config()); err != nil {
 		t.Fatal(err)
 	}
-	relayed(t, rr, a, b)
-	caughtUp(t, js, s, r)
-	if err := exact(r.p, a, b); err != nil {
-		t.Error(err)
-	}
-	if err := sameBlocks(rr.Pipeline(), r); err != nil {
-		t.Error(err)
-	}
+	converged(t, js, s, rr, r, a, b)
 	// A publish retried after its acknowledgement timed out (under load)
 	// is acknowledged as a copy of itself: only those may be duplicates.
 	if st := rr.Stats(); st.Duplicates > st.Retries || st.Resets != 0 {
@@ -800,14 +765,7 @@ func TestWorkerAddedAgainBeforeItsRemovalIsStored(t *testing.T) {
 	a.serve(reqs[200:])
 	time.Sleep(200 * time.Millisecond) // the new run's first messages made, and retrying
 	srv.StartAgain()
-	relayed(t, rr, a, b)
-	caughtUp(t, js, s, r)
-	if err := exact(r.p, a, b); err != nil {
-		t.Error(err)
-	}
-	if err := sameBlocks(rr.Pipeline(), r); err != nil {
-		t.Error(err)
-	}
+	converged(t, js, s, rr, r, a, b)
 	// a's subject: its first run, one removal, then its second run.
 	var kinds []string
 	forEachMessage(t, js, s, func(m *jetstream.RawStreamMsg) {

@@ -362,6 +362,22 @@ func holdsSome(p *kvpipe.Pipeline, engines ...*engine) bool {
 	return false
 }
 
+// converged waits until rr has relayed every batch of the engines and r
+// has applied the whole stream, and then checks that r's index is the
+// engines' caches and holds as many blocks per worker and tier as the
+// relay's: the end state every fault must come back to.
+func converged(t testing.TB, js jetstream.JetStream, s relay.Settings, rr *running, r *router, engines ...*engine) {
+	t.Helper()
+	relayed(t, rr, engines...)
+	caughtUp(t, js, s, r)
+	if err := exact(r.p, engines...); err != nil {
+		t.Error(err)
+	}
+	if err := sameBlocks(rr.Pipeline(), r); err != nil {
+		t.Error(err)
+	}
+}
+
 // relayed waits until the relay's workers have each published all of their
 // engine's batches (the relay's index is then the engines').
 func relayed(t testing.TB, rr *running, engines ...*engine) {

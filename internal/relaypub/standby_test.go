@@ -77,14 +77,7 @@ func TestStandbyRelayTakesOver(t *testing.T) {
 			})
 			a.serve(reqs[250:320])
 			b.serve(reqs[320:])
-			relayed(t, second, a, b)
-			caughtUp(t, rjs, s, r)
-			if err := exact(r.p, a, b); err != nil {
-				t.Error(err)
-			}
-			if err := sameBlocks(second.Pipeline(), r); err != nil {
-				t.Error(err)
-			}
+			converged(t, rjs, s, second, r, a, b)
 			if st := second.Stats(); st.Restored != 2 || st.Resets != 0 {
 				t.Errorf("standby %+v: want both workers restored from the snapshot, none reset", st)
 			}
