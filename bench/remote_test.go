@@ -74,10 +74,14 @@ func ingestOnly(b *testing.B, in *ticks) {
 }
 
 // askRemote lets c ask for b.N ticks of in, and reports its rate and
-// latencies and both processes' CPU time per match.
+// latencies, both processes' CPU time per match and the server process's
+// allocations per match.
 func askRemote(b *testing.B, c *clientProcess, in *ticks) {
 	runtime.GC()
 	in.n, in.blocks = 0, 0
+	var mem runtime.MemStats
+	runtime.ReadMemStats(&mem)
+	mallocs, bytes := mem.Mallocs, mem.TotalAlloc
 	before := cpuTime()
 	if err := c.start(); err != nil {
 		b.Fatal(err)
@@ -90,12 +94,15 @@ func askRemote(b *testing.B, c *clientProcess, in *ticks) {
 		b.Fatal(err)
 	}
 	server := cpuTime() - before
+	runtime.ReadMemStats(&mem)
 	n := float64(max(res.Calls, 1))
 	b.ReportMetric(float64(res.Calls)/res.Seconds, "matches/s")
 	b.ReportMetric(float64(res.P50), "find-p50-ns")
 	b.ReportMetric(float64(res.P99), "find-p99-ns")
 	b.ReportMetric(float64(server.Nanoseconds())/n, "server-cpu-ns/match")
 	b.ReportMetric(float64(res.CPU)/n, "client-cpu-ns/match")
+	b.ReportMetric(float64(mem.Mallocs-mallocs)/n, "server-allocs/match")
+	b.ReportMetric(float64(mem.TotalAlloc-bytes)/n, "server-B/match")
 	b.SetBytes(0)
 	b.ReportMetric(float64(in.blocks)/(time.Duration(in.n)*in.tick).Seconds(), "blocks/s")
 }
