@@ -44,9 +44,12 @@ const (
 //	checksum 8 bytes  xxh3-64 of body, little-endian
 //
 // The frame version changes only with this layout, the body's Version
-// with its meaning; Decode refuses another of either as ErrVersion. Append
-// refuses a snapshot that fails Check, so that what it writes decodes.
+// with its meaning; Decode refuses another frame version, or a body
+// version it does not read, as ErrVersion. Append sets s.Version to the
+// oldest version that says what s holds (see Version), and refuses a
+// snapshot that fails Check, so that what it writes decodes.
 func Append(dst []byte, s *Snapshot) ([]byte, error) {
+	s.Version = s.minVersion()
 	if err := s.Check(); err != nil {
 		return dst, err
 	}
@@ -127,7 +130,7 @@ func preflight(body []byte) error {
 			if v, b, err = msgp.ReadInt64Bytes(b); err != nil {
 				return fmt.Errorf("%w: version: %w", ErrCorrupt, err)
 			}
-			if v != Version {
+			if v < 1 || v > Version {
 				return versionError(v)
 			}
 		case "workers":
@@ -156,7 +159,7 @@ func preflight(body []byte) error {
 }
 
 func versionError(v int64) error {
-	return fmt.Errorf("%w: version %d, this build reads %d", ErrVersion, v, Version)
+	return fmt.Errorf("%w: version %d, this build reads 1 to %d", ErrVersion, v, Version)
 }
 
 // reset zeroes s but keeps every slice's capacity, down to the workers past
@@ -184,10 +187,11 @@ func (s *Snapshot) reset() {
 const pairwiseWorkers = 64
 
 // Check reports whether s is consistent: what Append requires and Decode
-// verifies. Its errors wrap ErrVersion for a Version other than Version,
-// and ErrCorrupt otherwise. It allocates nothing unless it fails.
+// verifies. Its errors wrap ErrVersion for a Version this build does not
+// read (below 1 or above Version), and ErrCorrupt otherwise. It allocates
+// nothing unless it fails.
 func (s *Snapshot) Check() error {
-	if s.Version != Version {
+	if s.Version < 1 || s.Version > Version {
 		return versionError(int64(s.Version))
 	}
 	if s.BlockSize <= 0 {

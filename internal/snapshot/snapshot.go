@@ -2,9 +2,28 @@ package snapshot
 
 //go:generate go run github.com/tinylib/msgp@v1.6.5 -file=snapshot.go -o=snapshot_gen.go -tests=false -io=false
 
-// Version is the format version this package writes. Decode refuses any
-// other: a newer kvpipe's snapshot is not loaded half-understood.
-const Version = 1
+// Version is the newest format version this package reads and writes.
+// Append writes the oldest version that says what a snapshot holds
+// (minVersion), so that older builds load what they can understand, and
+// Decode refuses any version newer than Version: a newer kvpipe's
+// snapshot is not loaded half-understood.
+//
+//   - 1: the first format.
+//   - 2: a worker may be Absent. A build that reads version 1 alone would
+//     take an absent worker for one holding no blocks, so a snapshot with
+//     an absent worker is version 2 (one of this build's versions-1 files
+//     with an absent worker, written before the bump, still loads).
+const Version = 2
+
+// minVersion is the oldest version whose readers understand s.
+func (s *Snapshot) minVersion() int {
+	for i := range s.Workers {
+		if s.Workers[i].Absent {
+			return 2
+		}
+	}
+	return 1
+}
 
 // Snapshot is a Pipeline's index and, per worker, what it needs to go on
 // from it: the last engine batch applied with its fingerprint, and the

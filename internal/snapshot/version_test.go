@@ -1,0 +1,110 @@
+package snapshot
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/tinylib/msgp/msgp"
+)
+
+var writeGolden = flag.Bool("write-golden", false, "rewrite testdata/v1.snap (only to make it anew: it stands for the files older builds wrote)")
+
+// bodyVersion reads the version key of an Append'ed frame's body.
+func bodyVersion(t *testing.T, frame []byte) int64 {
+	t.Helper()
+	body := frame[magicLen : len(frame)-checksumLen]
+	n, b, err := msgp.ReadMapHeaderBytes(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for ; n > 0; n-- {
+		var key []byte
+		if key, b, err = msgp.ReadMapKeyZC(b); err != nil {
+			t.Fatal(err)
+		}
+		if string(key) == "version" {
+			v, _, err := msgp.ReadInt64Bytes(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return v
+		}
+		if b, err = msgp.Skip(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Fatal("no version key")
+	return 0
+}
+
+// A snapshot is written in the oldest version that says what it holds: a
+// build that reads version 1 alone loads one without absent workers, and
+// refuses one with (it would take an absent worker for one with no blocks).
+func TestAppendWritesTheOldestVersionThatSaysIt(t *testing.T) {
+	withAbsent := sample()
+	without := sample()
+	without.Workers = without.Workers[:3]
+	if without.Workers[len(without.Workers)-1].Absent {
+		t.Fatal("sample changed: its last worker is the absent one")
+	}
+	for _, tc := range []struct {
+		name string
+		s    *Snapshot
+		want int64
+	}{
+		{"no absent worker", without, 1},
+		{"an absent worker", withAbsent, 2},
+		{"a caller's newer version", &Snapshot{Version: Version + 5, BlockSize: 16}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			data, err := Append(nil, tc.s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := bodyVersion(t, data); got != tc.want {
+				t.Fatalf("body version %d, want %d", got, tc.want)
+			}
+			var got Snapshot
+			if err := Decode(data, &got); err != nil {
+				t.Fatal(err)
+			}
+			if d := diff(tc.s, &got); d != "" {
+				t.Errorf("(-appended +decoded):\n%s", d)
+			}
+		})
+	}
+}
+
+// testdata/v1.snap was written by a build of version 1 (the sample without
+// its absent worker); every later build must load it as it was.
+func TestVersion1FileStillLoads(t *testing.T) {
+	path := filepath.Join("testdata", "v1.snap")
+	want := sample()
+	want.Workers = want.Workers[:3]
+	want.Version = 1
+	if *writeGolden {
+		data, err := Append(nil, want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := bodyVersion(t, data); got != 1 {
+		t.Fatalf("%s is version %d, want 1", path, got)
+	}
+	var got Snapshot
+	if err := Decode(data, &got); err != nil {
+		t.Fatal(err)
+	}
+	if d := diff(want, &got); d != "" {
+		t.Errorf("(-want +got):\n%s", d)
+	}
+}
