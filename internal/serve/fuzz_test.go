@@ -1,10 +1,15 @@
 package serve
 
 import (
+	"bytes"
+	"context"
+	"net/http/httptest"
+	"net/url"
 	"testing"
 
 	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 )
@@ -73,6 +78,86 @@ func FuzzCheckSpec(f *testing.F) {
 		}
 		if _, _, err := splitEndpoint(w.Endpoint); err != nil || checkName(w.Name) != nil {
 			t.Fatalf("let through: %v", &w)
+		}
+	})
+}
+
+// handlerRoutes are the HTTP/JSON and Connect calls FuzzHandler sends a
+// body to; a route's path may take the body as a worker name.
+var handlerRoutes = []struct {
+	method, path, contentType string
+	nameInPath, nameInQuery   bool
+}{
+	{method: "POST", path: "/v1/match", contentType: "application/json"},
+	{method: "POST", path: "/v1/match/batch", contentType: "application/json"},
+	{method: "POST", path: "/v1/workers", contentType: "application/json"},
+	{method: "DELETE", path: "/v1/workers/", nameInPath: true},
+	{method: "GET", path: "/v1/dump?worker=", nameInQuery: true},
+	{method: "GET", path: "/v1/workers"},
+	{method: "POST", path: "/kvpipe.v1.IndexService/Match", contentType: "application/proto"},
+	{method: "POST", path: "/kvpipe.v1.IndexService/Match", contentType: "application/json"},
+	{method: "POST", path: "/kvpipe.v1.IndexService/MatchBatch", contentType: "application/proto"},
+	{method: "POST", path: "/kvpipe.v1.IndexService/RegisterWorker", contentType: "application/json"},
+	{method: "POST", path: "/kvpipe.v1.IndexService/UnregisterWorker", contentType: "application/proto"},
+}
+
+// No request through the server's handler, HTTP/JSON or Connect, with the
+// token or without, panics it or fails it as an internal error: whatever
+// the body, the answer is a success or a client error (4xx).
+func FuzzHandler(f *testing.F) {
+	match, _ := proto.Marshal(&kvpipev1.MatchRequest{Tokens: chainTokens(1, 3), LoraName: "sql"})
+	matchJSON, _ := protojson.Marshal(&kvpipev1.MatchRequest{Keys: []uint64{1, 2}, RoutedTo: "e0"})
+	batch, _ := proto.Marshal(&kvpipev1.MatchBatchRequest{Requests: []*kvpipev1.MatchRequest{{Tokens: chainTokens(2, 2)}, {Keys: []uint64{7}}}})
+	seeds := [][]byte{match, matchJSON, batch,
+		[]byte(`{"worker":{"name":"e0","endpoint":"tcp://127.0.0.1:1"}}`),
+		[]byte(`{"name":"e0","endpoint":"tcp://127.0.0.1:1","blockSize":32}`),
+		[]byte(`{"requests":[{"tokens":[1,2,3]},{"keys":["18446744073709551615"]}]}`),
+		[]byte("e0"), []byte("../x"), {}}
+	for i, s := range seeds {
+		for r := range handlerRoutes {
+			f.Add(s, uint8(r), i%2 == 0)
+		}
+	}
+	p, err := kvpipe.New(kvpipe.Config{BlockSize: testBlock})
+	if err != nil {
+		f.Fatal(err)
+	}
+	s, err := New(context.Background(), Config{Pipeline: p, BlockSize: testBlock, Token: testToken,
+		Allow: []string{"127.0.0.1/32"}, MaxTokens: 256, MaxMessageBytes: 1 << 16, Registry: prometheus.NewRegistry()})
+	if err != nil {
+		f.Fatal(err)
+	}
+	// Running, as in production: a dump, say, needs the pipeline's loop.
+	ctx, cancel := context.WithCancel(context.Background())
+	done, l := make(chan error, 1), listen(f)
+	go func() { done <- s.Run(ctx, l) }()
+	f.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			f.Errorf("Run: %v", err)
+		}
+	})
+	h := s.Handler()
+	f.Fuzz(func(t *testing.T, body []byte, route uint8, token bool) {
+		rt := handlerRoutes[int(route)%len(handlerRoutes)]
+		target := rt.path
+		switch {
+		case rt.nameInPath:
+			target += url.PathEscape(string(body))
+		case rt.nameInQuery:
+			target += url.QueryEscape(string(body))
+		}
+		req := httptest.NewRequest(rt.method, "http://kvpipe"+target, bytes.NewReader(body))
+		if rt.contentType != "" {
+			req.Header.Set("Content-Type", rt.contentType)
+		}
+		if token {
+			req.Header.Set("Authorization", "Bearer "+testToken)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code >= 500 {
+			t.Fatalf("%s %s (%d bytes, token %v): %d %s", rt.method, rt.path, len(body), token, rec.Code, rec.Body)
 		}
 	})
 }

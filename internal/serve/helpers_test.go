@@ -85,7 +85,7 @@ func start(t *testing.T, cfg Config) *running {
 	return r
 }
 
-func listen(t *testing.T) net.Listener {
+func listen(t testing.TB) net.Listener {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
