@@ -590,7 +590,12 @@ type WorkerSpec struct {
 	ReplayEndpoint   string                 `protobuf:"bytes,3,opt,name=replay_endpoint,json=replayEndpoint,proto3" json:"replay_endpoint,omitempty"`       // its replay ROUTER; empty when none
 	SnapshotEndpoint string                 `protobuf:"bytes,4,opt,name=snapshot_endpoint,json=snapshotEndpoint,proto3" json:"snapshot_endpoint,omitempty"` // its snapshot ROUTER (SGLang); empty when none
 	Topic            string                 `protobuf:"bytes,5,opt,name=topic,proto3" json:"topic,omitempty"`                                               // ZMQ topic prefix; engines default to ""
-	// block_size is the engine's, when given: a multiple of the router's.
+	// block_size is the engine's, when given, checked at registration: a
+	// multiple of the router's, or the worker is refused (its blocks could
+	// never be keyed). Each event carries its own block size, which the
+	// worker follows: blocks of a multiple are split into router blocks,
+	// others are filtered and counted (kvpipe_filtered_events_total,
+	// reason "block_size").
 	BlockSize uint32 `protobuf:"varint,6,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
 	Eagle     bool   `protobuf:"varint,7,opt,name=eagle,proto3" json:"eagle,omitempty"` // EAGLE-family speculative decoding (learned anyway)
 	// endpoints_redacted: the endpoints were left out of this answer, which
