@@ -2,17 +2,23 @@ package serve
 
 import (
 	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kvpipe/kvpipe/internal/enginepeer"
+	"github.com/kvpipe/kvpipe/internal/wiretest"
 )
 
 // The status page in a real browser (Debian's chromium, headless): it
-// loads, refreshes itself, and names the workers with their state.
+// loads, refreshes itself, and shows the workers with their state and
+// blocks, the events/s and index size, and a reset (an engine restarted).
 func TestStatusPageInChromium(t *testing.T) {
 	chromium := ""
 	for _, name := range []string{"chromium", "chromium-browser"} {
@@ -25,15 +31,68 @@ func TestStatusPageInChromium(t *testing.T) {
 		enginepeer.Missing(t, "chromium (apt-get install chromium)")
 	}
 	r := start(t, Config{Token: testToken, Allow: []string{"127.0.0.1"}})
+	engines := map[string]*engine{}
 	for _, name := range []string{"engine-a", "engine-b"} {
 		e := newEngine(t, "")
 		r.register(name, e.pub)
 		r.subscribed(name, e)
+		engines[name] = e
 	}
-	eventually(t, "the page's sample of both workers", func() bool { return len(r.s.svc.mon.cur.Load().workers) == 2 })
+	engines["engine-a"].store(1, 5)
+	// engine-b restarts on its addresses: its sequence starts over, behind
+	// where it was.
+	old := engines["engine-b"].pub
+	for range 20 {
+		engines["engine-b"].probe()
+	}
+	eventually(t, "engine-b's batches before its restart", func() bool {
+		b, _ := r.p.Stats().Worker("engine-b")
+		return b.Wire.Batches >= 20
+	})
+	cfg := wiretest.PublisherConfig{Endpoint: "tcp://" + old.Addr(), ReplayEndpoint: "tcp://" + old.ReplayAddr()}
+	old.Close()
+	pub, err := wiretest.NewPublisher(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pub.Close() })
+	restarted := &engine{t: t, pub: pub}
+	eventually(t, "engine-b's restart seen and engine-a's blocks indexed", func() bool {
+		restarted.probe()
+		a, _ := r.p.Stats().Worker("engine-a")
+		b, _ := r.p.Stats().Worker("engine-b")
+		return a.Actor.IndexedBlocks == 5 && b.Wire.Restarts > 0
+	})
+	eventually(t, "the page's sample of both workers, the blocks and the reset", func() bool {
+		cur := r.s.svc.mon.cur.Load()
+		return len(cur.workers) == 2 && len(r.s.svc.mon.recentResets()) > 0 && cur.workers["engine-a"].status.IndexedBlocks == 5
+	})
 
-	dom := dumpDOM(t, chromium, r.url+"/")
-	for _, want := range []string{`http-equiv="refresh"`, "<td>engine-a</td>", "<td>engine-b</td>", "2 workers", "Recent resets"} {
+	// The page through a counter of its loads. Refreshing itself, it loads
+	// again in a frame of a page whose own load an image holds past the
+	// refresh (headless chromium dumps the DOM once a page has loaded).
+	var loads atomic.Int32
+	counted := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		switch req.URL.Path {
+		case "/":
+			loads.Add(1)
+			r.s.Handler().ServeHTTP(w, req)
+		case "/framed":
+			fmt.Fprint(w, `<!doctype html><iframe src="/"></iframe><img src="/slow">`)
+		case "/slow":
+			select {
+			case <-time.After(3 * pageRefresh / 2):
+			case <-req.Context().Done():
+			}
+			http.NotFound(w, req)
+		default:
+			r.s.Handler().ServeHTTP(w, req)
+		}
+	}))
+	defer counted.Close()
+	dom := dumpDOM(t, chromium, counted.URL+"/")
+	for _, want := range []string{`http-equiv="refresh"`, "<td>engine-a</td>", "<td>engine-b</td>", "2 workers",
+		"index: 5 nodes, 5 blocks on device", `<td class="n">5</td>`, "events/s", "Recent resets", "engine-b: engine restart"} {
 		if !strings.Contains(dom, want) {
 			t.Errorf("the page as chromium loaded it lacks %q:\n%.3000s", want, dom)
 		}
@@ -41,7 +100,15 @@ func TestStatusPageInChromium(t *testing.T) {
 	if !strings.Contains(dom, ">CONNECTED<") && !strings.Contains(dom, ">PARTIAL<") {
 		t.Errorf("no worker shown connected or partial:\n%.3000s", dom)
 	}
+	loads.Store(0)
+	dumpDOM(t, chromium, counted.URL+"/framed")
+	if n := loads.Load(); n < 2 {
+		t.Errorf("chromium loaded the page %d times in %v: it did not refresh itself", n, 3*pageRefresh/2)
+	}
 }
+
+// pageRefresh is the page's refresh at the tests' poll (page's Refresh).
+const pageRefresh = 2 * time.Second
 
 // dumpDOM loads url in headless chromium and returns the DOM it built.
 func dumpDOM(t *testing.T, chromium, url string) string {
