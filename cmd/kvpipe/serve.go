@@ -35,7 +35,7 @@ type serveFlags struct {
 	tlsCert, tlsKey, snapshot               *string
 	natsURL, stream, prefix, bucket, object *string
 	blockSize, shards, maxTokens, maxBytes  *int
-	drain, snapshotEvery                    *time.Duration
+	drain, snapshotEvery, readyTimeout      *time.Duration
 	verbose                                 *bool
 }
 
@@ -66,6 +66,7 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, bool) {
 	f.maxTokens = fs.Int("max-tokens", 1<<20, "most tokens in one match request")
 	f.maxBytes = fs.Int("max-message-bytes", 8<<20, "largest request body")
 	f.drain = fs.Duration("drain-timeout", 10*time.Second, "on SIGTERM, how long in-flight calls may take")
+	f.readyTimeout = fs.Duration("ready-timeout", 30*time.Second, "how long /readyz waits for a registered worker to connect; past it the worker counts as partial")
 	f.verbose = fs.Bool("v", false, "log to stderr")
 	if err := fs.Parse(args); err != nil {
 		return nil, false
@@ -132,7 +133,7 @@ func listenServe(f *serveFlags, cfg *serve.Config) (net.Listener, error) {
 // closes the NATS connection of a followed relay.
 func serveConfig(f *serveFlags, logger *slog.Logger) (serve.Config, func(), error) {
 	cfg := serve.Config{BlockSize: *f.blockSize, MaxTokens: *f.maxTokens, MaxMessageBytes: *f.maxBytes, Snapshot: *f.snapshot, SnapshotEvery: *f.snapshotEvery,
-		DrainTimeout: *f.drain, Registry: prometheus.NewRegistry(), Logger: logger, Token: os.Getenv("KVPIPE_TOKEN")}
+		DrainTimeout: *f.drain, ReadyTimeout: *f.readyTimeout, Registry: prometheus.NewRegistry(), Logger: logger, Token: os.Getenv("KVPIPE_TOKEN")}
 	for _, a := range f.allow {
 		cfg.Allow = append(cfg.Allow, strings.Split(a, ",")...)
 	}

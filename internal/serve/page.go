@@ -16,24 +16,33 @@ func promHandler(reg *prometheus.Registry) http.Handler {
 }
 
 // ready reports whether every registered worker has connected (and so is
-// whole, or flagged partial), and names the first that has not.
-func (s *Server) ready() (bool, string) {
+// whole, or flagged partial) or has been waited for ReadyTimeout (and so
+// counts as partial: missing), naming the first still waited for, or else
+// those given up on.
+func (s *Server) ready() (ok bool, waiting string, missing []string) {
 	st := s.cfg.Pipeline.Stats()
 	for _, w := range s.svc.allSpecs() {
-		ws, ok := st.Worker(w.Name)
-		if !ok || !connected(ws) {
-			return false, w.Name
+		if ws, ok := st.Worker(w.Name); ok && connected(ws) {
+			continue
 		}
+		if time.Since(s.svc.registered(w.Name)) < s.cfg.ReadyTimeout {
+			return false, w.Name, nil
+		}
+		missing = append(missing, w.Name)
 	}
-	return true, ""
+	return true, "", missing
 }
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
-	if ok, waiting := s.ready(); !ok {
+	ok, waiting, missing := s.ready()
+	switch {
+	case !ok:
 		http.Error(w, fmt.Sprintf("not ready: worker %s has not connected yet", waiting), http.StatusServiceUnavailable)
-		return
+	case len(missing) > 0:
+		fmt.Fprintf(w, "ready; partial: not connected after %v: %s\n", s.cfg.ReadyTimeout, strings.Join(missing, ", "))
+	default:
+		fmt.Fprintln(w, "ready")
 	}
-	fmt.Fprintln(w, "ready")
 }
 
 // pageData is what the status page shows.
@@ -80,7 +89,7 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}
 // page is the status page: server-rendered, refreshing itself.
 func (s *Server) page(w http.ResponseWriter, r *http.Request) {
 	list := s.svc.list(s.svc.guard.holds(r.Header))
-	ready, _ := s.ready()
+	ready, _, _ := s.ready()
 	cur := s.svc.mon.cur.Load()
 	d := pageData{Refresh: max(int(s.cfg.Poll.Seconds()*4), 2), Now: time.Now().Format(time.RFC3339), Ready: ready,
 		Events: fmt.Sprintf("%.0f", cur.events), Nodes: int64(list.IndexNodes), Resets: s.svc.mon.recentResets()}

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1"
@@ -130,8 +131,8 @@ func TestWatchWorkers(t *testing.T) {
 	}
 }
 
-// /readyz answers 503 until every worker has connected; the page and
-// /healthz answer all along.
+// /readyz answers 503 until every worker has connected (within the ready
+// timeout, 30s); the page and /healthz answer all along.
 func TestReadyz(t *testing.T) {
 	r := start(t, Config{Token: testToken, Allow: []string{"127.0.0.1"}})
 	if code, _ := r.call("GET", "/readyz", "", ""); code != http.StatusOK {
@@ -156,6 +157,38 @@ func TestReadyz(t *testing.T) {
 	code, body := r.call("GET", "/metrics", "", "")
 	if code != http.StatusOK || !strings.Contains(body, "kvpipe_serve_in_flight_requests") || !strings.Contains(body, `worker="late"`) {
 		t.Errorf("metrics: %d, %.300s", code, body)
+	}
+}
+
+// A worker whose engine never comes up holds /readyz back for
+// ReadyTimeout, then counts as partial: the server is ready without it,
+// and says which worker is missing; one registered later is waited for
+// again.
+func TestReadyzGivesUpOnAWorkerThatNeverConnects(t *testing.T) {
+	const wait = 300 * time.Millisecond
+	r := start(t, Config{Token: testToken, Allow: []string{"127.0.0.1"}, ReadyTimeout: wait})
+	register := func(name string) time.Time {
+		spec := &kvpipev1.WorkerSpec{Name: name, Endpoint: freeTCP(t)} // no engine there
+		if _, err := r.grpc.RegisterWorker(context.Background(), withToken(&kvpipev1.RegisterWorkerRequest{Worker: spec}, testToken)); err != nil {
+			t.Fatal(err)
+		}
+		return time.Now()
+	}
+	readyz := func() (int, string) { return r.call("GET", "/readyz", "", "") }
+	at := register("down")
+	if code, body := readyz(); time.Since(at) < wait && (code != http.StatusServiceUnavailable || !strings.Contains(body, "down")) {
+		t.Errorf("readyz right after the registration: %d %q, want 503 naming the worker", code, body)
+	}
+	eventually(t, "readyz past the ready timeout", func() bool { code, _ := readyz(); return code == http.StatusOK })
+	if time.Since(at) < wait {
+		t.Errorf("ready %v after the registration, before the ready timeout %v", time.Since(at), wait)
+	}
+	if _, body := readyz(); !strings.Contains(body, "partial") || !strings.Contains(body, "down") {
+		t.Errorf("readyz past the timeout: %q, want it to name the missing worker", body)
+	}
+	at = register("later")
+	if code, body := readyz(); time.Since(at) < wait && (code != http.StatusServiceUnavailable || !strings.Contains(body, "later")) {
+		t.Errorf("readyz right after a second registration: %d %q, want 503 naming it", code, body)
 	}
 }
 

@@ -53,9 +53,14 @@ type Config struct {
 	// ends (default 10s); Poll is how often the workers are sampled
 	// (default 250ms).
 	DrainTimeout, Poll time.Duration
-	TLS                *tls.Config // nil: plain HTTP (gRPC over h2c)
-	Registry           *prometheus.Registry
-	Logger             *slog.Logger // nil discards
+	// ReadyTimeout is how long a registered worker that has not connected
+	// holds /readyz back (default 30s): past it the worker counts as
+	// partial (none of its engine's blocks are indexed), so that one engine
+	// down does not keep the service out of a load balancer's rotation.
+	ReadyTimeout time.Duration
+	TLS          *tls.Config // nil: plain HTTP (gRPC over h2c)
+	Registry     *prometheus.Registry
+	Logger       *slog.Logger // nil discards
 	// GRPCListener, if set, is where Run also serves every call of the
 	// service through grpc-go (its own HTTP/2 server: about half the CPU a
 	// match of the main port's), with the same token, limits and TLS.
@@ -93,6 +98,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	cfg.MaxMessageBytes = orInt(cfg.MaxMessageBytes, 8<<20)
 	cfg.DrainTimeout = orInt(cfg.DrainTimeout, 10*time.Second)
 	cfg.Poll = orInt(cfg.Poll, 250*time.Millisecond)
+	cfg.ReadyTimeout = orInt(cfg.ReadyTimeout, 30*time.Second)
 	s := &Server{cfg: cfg, closing: make(chan struct{})}
 	refused, err := s.registerMetrics()
 	if err != nil {
@@ -103,7 +109,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.svc = &service{p: cfg.Pipeline, limits: limits{maxTokens: cfg.MaxTokens, blockSize: cfg.BlockSize}, guard: g,
-		closing: s.closing, saved: s.saveWorkers, specs: map[string]*kvpipev1.WorkerSpec{}}
+		closing: s.closing, saved: s.saveWorkers, specs: map[string]*kvpipev1.WorkerSpec{}, added: map[string]time.Time{}}
 	s.svc.mon = newMonitor(cfg.Pipeline.Stats, s.svc.spec, cfg.Poll)
 	s.grpc = &grpcService{svc: s.svc, codec: newMatchCodec(), inFlight: s.inFlight}
 	s.handler = s.routes()

@@ -31,8 +31,9 @@ type service struct {
 	// match's response is built, reused across calls.
 	scratch sync.Pool
 
-	mu    sync.Mutex // guards specs
+	mu    sync.Mutex // guards specs and added
 	specs map[string]*kvpipev1.WorkerSpec
+	added map[string]time.Time // when each spec was registered or loaded
 }
 
 func clone(w *kvpipev1.WorkerSpec) *kvpipev1.WorkerSpec { return proto.Clone(w).(*kvpipev1.WorkerSpec) }
@@ -130,8 +131,15 @@ func (s *service) add(w *kvpipev1.WorkerSpec) error {
 		}
 		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("register: %w", err))
 	}
-	s.specs[w.Name] = w
+	s.specs[w.Name], s.added[w.Name] = w, time.Now()
 	return nil
+}
+
+// registered returns when the worker name was registered (or loaded).
+func (s *service) registered(name string) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.added[name]
 }
 
 func (s *service) UnregisterWorker(ctx context.Context, req *connect.Request[kvpipev1.UnregisterWorkerRequest]) (*connect.Response[kvpipev1.UnregisterWorkerResponse], error) {
@@ -145,6 +153,7 @@ func (s *service) unregister(ctx context.Context, name string) error {
 	s.mu.Lock()
 	_, ok := s.specs[name]
 	delete(s.specs, name)
+	delete(s.added, name)
 	s.mu.Unlock()
 	if !ok {
 		return connect.NewError(connect.CodeNotFound, fmt.Errorf("unregister: no registered worker %q", name))
