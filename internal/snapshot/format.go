@@ -45,10 +45,13 @@ const (
 //
 // The frame version changes only with this layout, the body's Version
 // with its meaning; Decode refuses another frame version, or a body
-// version it does not read, as ErrVersion. Append sets s.Version to the
-// oldest version that says what s holds (see Version), and refuses a
-// snapshot that fails Check, so that what it writes decodes.
-func Append(dst []byte, s *Snapshot) ([]byte, error) {
+// version it does not read, as ErrVersion. Append writes the oldest
+// version that says what s holds (see Version), whatever s.Version says,
+// and leaves s as it was; it refuses a snapshot that fails Check, so that
+// what it writes decodes.
+func Append(dst []byte, snap *Snapshot) ([]byte, error) {
+	c := *snap // the workers shared, read only
+	s := &c
 	s.Version = s.minVersion()
 	if err := s.Check(); err != nil {
 		return dst, err

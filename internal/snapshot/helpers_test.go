@@ -31,6 +31,14 @@ const (
 	remote = index.TierRemote
 )
 
+// written is s as Append writes it: in the oldest version that says what
+// it holds.
+func written(s *Snapshot) *Snapshot {
+	c := *s
+	c.Version = s.minVersion()
+	return &c
+}
+
 // sample is a small snapshot with each kind of block and worker: split
 // blocks held and held in no tier, a block with no tier, parents and none,
 // groups, a worker with no blocks and no sequence, an absent one.

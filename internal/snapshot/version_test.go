@@ -59,9 +59,13 @@ func TestAppendWritesTheOldestVersionThatSaysIt(t *testing.T) {
 		{"a caller's newer version", &Snapshot{Version: Version + 5, BlockSize: 16}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			before := tc.s.Version
 			data, err := Append(nil, tc.s)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if tc.s.Version != before {
+				t.Errorf("Append changed its argument's version from %d to %d", before, tc.s.Version)
 			}
 			if got := bodyVersion(t, data); got != tc.want {
 				t.Fatalf("body version %d, want %d", got, tc.want)
@@ -70,7 +74,9 @@ func TestAppendWritesTheOldestVersionThatSaysIt(t *testing.T) {
 			if err := Decode(data, &got); err != nil {
 				t.Fatal(err)
 			}
-			if d := diff(tc.s, &got); d != "" {
+			want := *tc.s
+			want.Version = int(tc.want)
+			if d := diff(&want, &got); d != "" {
 				t.Errorf("(-appended +decoded):\n%s", d)
 			}
 		})
@@ -106,5 +112,30 @@ func TestVersion1FileStillLoads(t *testing.T) {
 	}
 	if d := diff(want, &got); d != "" {
 		t.Errorf("(-want +got):\n%s", d)
+	}
+}
+
+// testdata/v1-absent.snap was written by a build that wrote an absent
+// worker within version 1 (2026-12-05 to 2026-12-06, before version 2):
+// it loads with the worker absent.
+func TestVersion1WithAbsentWorkerStillLoads(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("testdata", "v1-absent.snap"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := bodyVersion(t, data); got != 1 {
+		t.Fatalf("version %d, want 1", got)
+	}
+	var got Snapshot
+	if err := Decode(data, &got); err != nil {
+		t.Fatal(err)
+	}
+	want := sample()
+	want.Version = 1
+	if d := diff(want, &got); d != "" {
+		t.Errorf("(-want +got):\n%s", d)
+	}
+	if !got.Workers[len(got.Workers)-1].Absent {
+		t.Error("the absent worker loads as present")
 	}
 }

@@ -593,9 +593,10 @@ type WorkerSpec struct {
 	// block_size is the engine's, when given, checked at registration: a
 	// multiple of the router's, or the worker is refused (its blocks could
 	// never be keyed). Each event carries its own block size, which the
-	// worker follows: blocks of a multiple are split into router blocks,
-	// others are filtered and counted (kvpipe_filtered_events_total,
-	// reason "block_size").
+	// worker follows as the README's "Block sizes" says: a multiple is split
+	// into router blocks, a smaller block is a partial tail or, before any
+	// full block, indexed at its own size with a warning, and any other size
+	// is left out (kvpipe_filtered_events_total, reason "block_size").
 	BlockSize uint32 `protobuf:"varint,6,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
 	Eagle     bool   `protobuf:"varint,7,opt,name=eagle,proto3" json:"eagle,omitempty"` // EAGLE-family speculative decoding (learned anyway)
 	// endpoints_redacted: the endpoints were left out of this answer, which
