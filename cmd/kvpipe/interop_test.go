@@ -53,7 +53,9 @@ func (c *pythonClient) match(tokens []uint32) map[string]int {
 		fmt.Fprintln(&b, tok)
 	}
 	file := filepath.Join(c.t.TempDir(), "tokens")
-	os.WriteFile(file, []byte(b.String()), 0o600)
+	if err := os.WriteFile(file, []byte(b.String()), 0o600); err != nil {
+		c.t.Fatal(err)
+	}
 	out, err := c.run("match", "--tokens-file", file)
 	if err != nil {
 		c.t.Fatalf("kvpipe_client.py match: %v: %s", err, out)
@@ -95,20 +97,21 @@ func TestServeCommandWithPythonClientAndLibzmqEngines(t *testing.T) {
 		e.peer.Expect("ready")
 	}
 	token := filepath.Join(t.TempDir(), "token")
-	os.WriteFile(token, []byte("t0k3n\n"), 0o600)
+	if err := os.WriteFile(token, []byte("t0k3n\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	stderrR, stderrW := io.Pipe()
-	done := make(chan int, 1)
-	go func() {
-		done <- run(context.Background(), []string{"serve", "--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0",
+	exit := serveUntilDone(t, func(ctx context.Context) int {
+		defer stderrW.Close()
+		return run(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0",
 			"--endpoint", "e0=" + engines[0].ep, "--replay", "e0=" + engines[0].replay,
 			"--allow", "127.0.0.1", "--token-file", token}, nil, io.Discard, stderrW)
-		stderrW.Close()
-	}()
+	})
 	lines := bufio.NewScanner(stderrR)
 	if !lines.Scan() || !strings.Contains(lines.Text(), "listening on") {
 		t.Fatalf("stderr %q, want the listening line", lines.Text())
 	}
-	main := &pythonClient{t: t, python: python, server: strings.Fields(lines.Text())[4], token: "t0k3n"}
+	port := &pythonClient{t: t, python: python, server: strings.Fields(lines.Text())[4], token: "t0k3n"}
 	if !lines.Scan() || !strings.Contains(lines.Text(), "gRPC (grpc-go) on") {
 		t.Fatalf("stderr %q, want the grpc-go line", lines.Text())
 	}
@@ -140,30 +143,60 @@ func TestServeCommandWithPythonClientAndLibzmqEngines(t *testing.T) {
 	engines[0].peer.Send("go")
 	engines[0].peer.Send("chain 20 1000")
 	engines[0].peer.Expect("published")
-	until("e0's chain on the main port", main, engineChain(1000, 20), map[string]int{"e0": 20})
+	until("e0's chain on the main port", port, engineChain(1000, 20), map[string]int{"e0": 20})
 	until("e0's chain on the grpc-go port", grpcgo, engineChain(1000, 20), map[string]int{"e0": 20})
 
 	// e1, registered by the client: refused without the token.
 	register := []string{"register", "--name", "e1", "--endpoint", engines[1].ep, "--replay", engines[1].replay}
-	if out, err := (&pythonClient{t: t, python: python, server: main.server}).run(register...); err == nil || !strings.Contains(out, "UNAUTHENTICATED") {
+	if out, err := (&pythonClient{t: t, python: python, server: port.server}).run(register...); err == nil || !strings.Contains(out, "UNAUTHENTICATED") {
 		t.Errorf("register without the token: %v, %s; want UNAUTHENTICATED", err, out)
 	}
-	if out, err := main.run(register...); err != nil {
+	if out, err := port.run(register...); err != nil {
 		t.Fatalf("register: %v: %s", err, out)
 	}
 	engines[1].peer.Send("go")
 	engines[1].peer.Send("chain 12 1000") // the first 12 blocks of e0's prompt
 	engines[1].peer.Expect("published")
 	until("both engines' blocks", grpcgo, engineChain(1000, 20), map[string]int{"e0": 20, "e1": 12})
-	until("a prompt of 8 more blocks after e1's 12", main, append(engineChain(1000, 12), engineChain(3000, 8)...), map[string]int{"e0": 12, "e1": 12})
+	until("a prompt of 8 more blocks after e1's 12", port, append(engineChain(1000, 12), engineChain(3000, 8)...), map[string]int{"e0": 12, "e1": 12})
 
 	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	if code, log := <-done, <-rest; code != 0 || !strings.Contains(log, "drained") {
+	if code, log := exit(), <-rest; code != 0 || !strings.Contains(log, "drained") {
 		t.Errorf("exit %d, stderr %q: want 0 and drained", code, log)
 	}
 	for _, e := range engines {
 		e.peer.Send("quit")
+	}
+}
+
+// serveUntilDone runs serve (run with its args) on a goroutine and returns
+// its exit code's wait, bounded by a minute; should the test end first,
+// its cleanup cancels serve and waits for it.
+func serveUntilDone(t *testing.T, serve func(ctx context.Context) int) (exit func() int) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() { done <- serve(ctx) }()
+	code, got := 0, false
+	t.Cleanup(func() {
+		cancel()
+		if !got {
+			select {
+			case <-done:
+			case <-time.After(time.Minute):
+				t.Error("serve did not return a minute after its ctx ended")
+			}
+		}
+	})
+	return func() int {
+		t.Helper()
+		select {
+		case code = <-done:
+			got = true
+		case <-time.After(time.Minute):
+			t.Fatal("serve did not exit a minute after SIGTERM")
+		}
+		return code
 	}
 }

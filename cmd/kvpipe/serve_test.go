@@ -35,12 +35,11 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 	os.WriteFile(token, []byte("t0k3n\n"), 0o600)
 	snap := filepath.Join(dir, "index.snap")
 	stderrR, stderrW := io.Pipe()
-	done := make(chan int, 1)
-	go func() {
-		done <- run(context.Background(), []string{"serve", "--listen", "127.0.0.1:0", "--config", config,
+	exit := serveUntilDone(t, func(ctx context.Context) int {
+		defer stderrW.Close()
+		return run(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--config", config,
 			"--token-file", token, "--snapshot", snap, "--grpc-listen", "127.0.0.1:0"}, nil, io.Discard, stderrW)
-		stderrW.Close()
-	}()
+	})
 	lines := bufio.NewScanner(stderrR)
 	if !lines.Scan() || !strings.Contains(lines.Text(), "listening on") {
 		t.Fatalf("stderr %q, want the listening line", lines.Text())
@@ -72,7 +71,7 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 	for lines.Scan() {
 		rest.WriteString(lines.Text() + "\n")
 	}
-	if code := <-done; code != 0 || !strings.Contains(rest.String(), "drained") {
+	if code := exit(); code != 0 || !strings.Contains(rest.String(), "drained") {
 		t.Errorf("exit %d, stderr %q: want 0 and drained", code, rest.String())
 	}
 	if _, err := os.Stat(snap); err != nil {

@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"testing"
+	"time"
 
 	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1"
@@ -103,7 +104,9 @@ var handlerRoutes = []struct {
 
 // No request through the server's handler, HTTP/JSON or Connect, with the
 // token or without, panics it or fails it as an internal error: whatever
-// the body, the answer is a success or a client error (4xx).
+// the body, the answer is a success or a client error (4xx). Each input
+// starts from a server with one worker, e0, registered (so that a dump or
+// an unregister reaches the pipeline) and nothing else.
 func FuzzHandler(f *testing.F) {
 	match, _ := proto.Marshal(&kvpipev1.MatchRequest{Tokens: chainTokens(1, 3), LoraName: "sql"})
 	matchJSON, _ := protojson.Marshal(&kvpipev1.MatchRequest{Keys: []uint64{1, 2}, RoutedTo: "e0"})
@@ -113,9 +116,10 @@ func FuzzHandler(f *testing.F) {
 		[]byte(`{"name":"e0","endpoint":"tcp://127.0.0.1:1","blockSize":32}`),
 		[]byte(`{"requests":[{"tokens":[1,2,3]},{"keys":["18446744073709551615"]}]}`),
 		[]byte("e0"), []byte("../x"), {}}
-	for i, s := range seeds {
+	for _, s := range seeds {
 		for r := range handlerRoutes {
-			f.Add(s, uint8(r), i%2 == 0)
+			f.Add(s, uint8(r), false)
+			f.Add(s, uint8(r), true)
 		}
 	}
 	p, err := kvpipe.New(kvpipe.Config{BlockSize: testBlock})
@@ -137,8 +141,39 @@ func FuzzHandler(f *testing.F) {
 			f.Errorf("Run: %v", err)
 		}
 	})
+	silent := listen(f) // accepts, never speaks
+	f.Cleanup(func() { silent.Close() })
+	e0 := &kvpipev1.WorkerSpec{Name: "e0", Endpoint: "tcp://" + silent.Addr().String()}
+	// reset leaves e0 alone registered.
+	reset := func() error {
+		for _, w := range s.svc.allSpecs() {
+			if w.Name != e0.Name {
+				if err := s.svc.unregister(ctx, w.Name); err != nil {
+					return err
+				}
+			}
+		}
+		if s.svc.spec(e0.Name) == nil {
+			_, err := s.svc.register(ctx, e0, true)
+			return err
+		}
+		return nil
+	}
+	if err := reset(); err != nil {
+		f.Fatal(err)
+	}
+	for start := time.Now(); ; time.Sleep(10 * time.Millisecond) { // until the pipeline runs
+		if err := s.svc.dump(ctx, e0.Name, func(*kvpipev1.DumpResponse) error { return nil }); err == nil {
+			break
+		} else if time.Since(start) > time.Minute {
+			f.Fatalf("dump of e0 a minute after the start: %v", err)
+		}
+	}
 	h := s.Handler()
 	f.Fuzz(func(t *testing.T, body []byte, route uint8, token bool) {
+		if err := reset(); err != nil {
+			t.Fatal(err)
+		}
 		rt := handlerRoutes[int(route)%len(handlerRoutes)]
 		target := rt.path
 		switch {

@@ -17,27 +17,32 @@ func promHandler(reg *prometheus.Registry) http.Handler {
 
 // ready reports whether every registered worker has connected (and so is
 // whole, or flagged partial) or has been waited for ReadyTimeout (and so
-// counts as partial: missing), naming the first still waited for, or else
-// those given up on.
-func (s *Server) ready() (ok bool, waiting string, missing []string) {
+// counts as partial: missing), and at least one has connected: an index
+// of no engine at all is no use to a router. It says why not, or names
+// the workers given up on.
+func (s *Server) ready() (ok bool, why string, missing []string) {
 	st := s.cfg.Pipeline.Stats()
-	for _, w := range s.svc.allSpecs() {
-		if ws, ok := st.Worker(w.Name); ok && connected(ws) {
+	regs := s.svc.registrations()
+	for _, r := range regs {
+		if ws, ok := st.Worker(r.name); ok && connected(ws) {
 			continue
 		}
-		if time.Since(s.svc.registered(w.Name)) < s.cfg.ReadyTimeout {
-			return false, w.Name, nil
+		if s.cfg.ReadyTimeout < 0 || time.Since(r.since) < s.cfg.ReadyTimeout {
+			return false, fmt.Sprintf("worker %s has not connected yet", r.name), nil
 		}
-		missing = append(missing, w.Name)
+		missing = append(missing, r.name)
+	}
+	if len(regs) > 0 && len(missing) == len(regs) {
+		return false, fmt.Sprintf("no worker has connected in %v", s.cfg.ReadyTimeout), nil
 	}
 	return true, "", missing
 }
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
-	ok, waiting, missing := s.ready()
+	ok, why, missing := s.ready()
 	switch {
 	case !ok:
-		http.Error(w, fmt.Sprintf("not ready: worker %s has not connected yet", waiting), http.StatusServiceUnavailable)
+		http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
 	case len(missing) > 0:
 		fmt.Fprintf(w, "ready; partial: not connected after %v: %s\n", s.cfg.ReadyTimeout, strings.Join(missing, ", "))
 	default:
@@ -50,6 +55,7 @@ type pageData struct {
 	Refresh int
 	Now     string
 	Ready   bool
+	Missing []string // workers given up on: the index lacks their blocks
 	Workers []pageWorker
 	Events  string // per second, all workers
 	Nodes   int64
@@ -75,7 +81,7 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}
 </style></head><body>
 <h1>kvpipe serve</h1>
 <p id="summary">{{len .Workers}} workers &middot; {{.Events}} events/s &middot; index: {{.Nodes}} nodes, {{.Blocks}} blocks on device &middot;
-{{if .Ready}}ready{{else}}not ready{{end}} &middot; as of {{.Now}}</p>
+{{if .Ready}}ready{{with .Missing}} (partial: never connected:{{range .}} {{.}}{{end}}){{end}}{{else}}not ready{{end}} &middot; as of {{.Now}}</p>
 <table id="workers"><tr><th>worker</th><th>state</th><th>endpoint</th><th>events/s</th><th>blocks</th><th>last event</th><th>gaps</th><th>lost</th><th>restarts</th><th>resyncs</th></tr>
 {{range .Workers}}<tr class="worker"><td>{{.Name}}</td><td class="{{.State}}">{{.State}}</td><td>{{.Endpoint}}</td><td class="n">{{.Events}}</td><td class="n">{{.Blocks}}</td><td class="n">{{.LastEvent}}</td><td class="n">{{.Gaps}}</td><td class="n">{{.Lost}}</td><td class="n">{{.Restarts}}</td><td class="n">{{.Resyncs}}</td></tr>
 {{else}}<tr><td colspan="10">no workers</td></tr>{{end}}
@@ -89,9 +95,9 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}
 // page is the status page: server-rendered, refreshing itself.
 func (s *Server) page(w http.ResponseWriter, r *http.Request) {
 	list := s.svc.list(s.svc.guard.holds(r.Header))
-	ready, _, _ := s.ready()
+	ready, _, missing := s.ready()
 	cur := s.svc.mon.cur.Load()
-	d := pageData{Refresh: max(int(s.cfg.Poll.Seconds()*4), 2), Now: time.Now().Format(time.RFC3339), Ready: ready,
+	d := pageData{Refresh: max(int(s.cfg.Poll.Seconds()*4), 2), Now: time.Now().Format(time.RFC3339), Ready: ready, Missing: missing,
 		Events: fmt.Sprintf("%.0f", cur.events), Nodes: int64(list.IndexNodes), Resets: s.svc.mon.recentResets()}
 	for _, ws := range list.Workers {
 		pw := pageWorker{Name: ws.Name, State: strings.TrimPrefix(ws.State.String(), "WORKER_STATE_"), Endpoint: "(relay stream)",

@@ -54,9 +54,11 @@ type Config struct {
 	// (default 250ms).
 	DrainTimeout, Poll time.Duration
 	// ReadyTimeout is how long a registered worker that has not connected
-	// holds /readyz back (default 30s): past it the worker counts as
-	// partial (none of its engine's blocks are indexed), so that one engine
-	// down does not keep the service out of a load balancer's rotation.
+	// holds /readyz back (default 30s; negative: for ever): past it the
+	// worker counts as partial (none of its engine's blocks are indexed),
+	// so that one engine down does not keep the service out of a load
+	// balancer's rotation. The service is not ready while no registered
+	// worker has connected.
 	ReadyTimeout time.Duration
 	TLS          *tls.Config // nil: plain HTTP (gRPC over h2c)
 	Registry     *prometheus.Registry

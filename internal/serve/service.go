@@ -135,11 +135,23 @@ func (s *service) add(w *kvpipev1.WorkerSpec) error {
 	return nil
 }
 
-// registered returns when the worker name was registered (or loaded).
-func (s *service) registered(name string) time.Time {
+// registration is a registered worker's name and when it was registered
+// (or loaded).
+type registration struct {
+	name  string
+	since time.Time
+}
+
+// registrations returns the registered workers, by name.
+func (s *service) registrations() []registration {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.added[name]
+	out := make([]registration, 0, len(s.added))
+	for name, since := range s.added {
+		out = append(out, registration{name, since})
+	}
+	s.mu.Unlock()
+	slices.SortFunc(out, func(a, b registration) int { return cmpString(a.name, b.name) })
+	return out
 }
 
 func (s *service) UnregisterWorker(ctx context.Context, req *connect.Request[kvpipev1.UnregisterWorkerRequest]) (*connect.Response[kvpipev1.UnregisterWorkerResponse], error) {
