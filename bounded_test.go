@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvpipe/kvpipe/internal/enginepeer"
 	"github.com/kvpipe/kvpipe/internal/ztest"
 )
 
@@ -52,7 +53,7 @@ func TestPublicCallsAreBoundedAgainstStuckPeers(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	within(t, "FindMatches", bound, func() { scores(t, p, chain(1000, 4)) })
+	within(t, "FindMatches", bound, func() { scores(t, p, enginepeer.ChainTokens(1000, 4)) })
 	for _, name := range []string{"frozen", "silent", "half"} {
 		within(t, "RemoveWorker "+name, bound, func() {
 			ctx, cancel := context.WithTimeout(context.Background(), bound)

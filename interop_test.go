@@ -13,17 +13,6 @@ import (
 // The engine is the C libzmq (pyzmq) publisher of wire/testdata; its cache is
 // the chains it published, so the index can be checked against it exactly.
 
-// chain returns the prompt whose blocks the engine's "chain n base" stored.
-func chain(base, n int) []uint32 {
-	out := make([]uint32, 0, n*16)
-	for i := range n {
-		for t := range 16 {
-			out = append(out, uint32(((base-1000+i)*16+t)%50000))
-		}
-	}
-	return out
-}
-
 func startPyEngine(t *testing.T, args ...string) (engine *enginepeer.Peer, ep, replay string) {
 	t.Helper()
 	ep, replay = freeTCP(t), freeTCP(t)
@@ -62,12 +51,12 @@ func TestInteropRestartFasterThanTheReconnect(t *testing.T) {
 	engine.Send("go")
 	engine.Send("chain 20 1000")
 	engine.Expect("published")
-	old := chain(1000, 20)
+	old := enginepeer.ChainTokens(1000, 20)
 	eventually(t, "the old chain indexed", nil, func() bool { return scores(t, p, old)["w"] == 20 })
 
 	engine.Send("restart-ahead 30 5000")
 	n := published(t, engine.Expect("restarted"))
-	fresh := chain(5000, n)
+	fresh := enginepeer.ChainTokens(5000, n)
 	eventually(t, "the new incarnation indexed", nil, func() bool { return scores(t, p, fresh)["w"] == n })
 	st := workerStats(p, "w")
 	if got := scores(t, p, old)["w"]; got != 0 {
@@ -99,7 +88,7 @@ func TestInteropFloodAtHWM1LosesNothing(t *testing.T) {
 			engine.Send("go")
 			engine.Send("chain " + strconv.Itoa(batches) + " 1000")
 			engine.Expect("published")
-			want := chain(1000, batches)
+			want := enginepeer.ChainTokens(1000, batches)
 			eventually(t, "every block indexed", nil, func() bool { return scores(t, p, want)["w"] == batches })
 			st := workerStats(p, "w")
 			if st.Wire.Lost != 0 || st.Actor.Resyncs != 0 || st.Actor.IndexedBlocks != batches {
@@ -131,7 +120,7 @@ func TestInteropSGLangSnapshotAfterALoss(t *testing.T) {
 	engine.Send("go")
 	engine.Send("batches 30 1000")
 	engine.Expect("published")
-	system := chain(1000, 30)
+	system := enginepeer.ChainTokens(1000, 30)
 	eventually(t, "the first chain indexed", nil, func() bool { return scores(t, p, system)["w"] == 30 })
 
 	// 50 batches the PUB drops, 30 more than the replay buffer holds.
@@ -157,21 +146,21 @@ func TestInteropSGLangSnapshotAfterALoss(t *testing.T) {
 	// The stream goes on after the barrier.
 	engine.Send("batches 5 9000")
 	engine.Expect("published")
-	eventually(t, "batches after the barrier", nil, func() bool { return scores(t, p, chain(9000, 5))["w"] == 5 })
+	eventually(t, "batches after the barrier", nil, func() bool { return scores(t, p, enginepeer.ChainTokens(9000, 5))["w"] == 5 })
 
 	engine.Send("restart")
 	engine.Expect("restarted")
 	engine.Send("go")
 	engine.Send("batches 10 7000")
 	engine.Expect("published")
-	eventually(t, "the new incarnation indexed", nil, func() bool { return scores(t, p, chain(7000, 10))["w"] == 10 })
+	eventually(t, "the new incarnation indexed", nil, func() bool { return scores(t, p, enginepeer.ChainTokens(7000, 10))["w"] == 10 })
 	if got := scores(t, p, system)["w"]; got != 0 {
 		t.Errorf("after a restart the old chain still matches %d blocks", got)
 	}
 	if got := workerStats(p, "w").Wire.Restarts; got != 1 {
 		t.Errorf("restarts %d, want 1", got)
 	}
-	if ms, _ := p.FindMatches(context.Background(), chain(7000, 10)); len(ms) != 1 || ms[0].Partial {
+	if ms, _ := p.FindMatches(context.Background(), enginepeer.ChainTokens(7000, 10)); len(ms) != 1 || ms[0].Partial {
 		t.Errorf("matches %+v: the new incarnation, replayed from seq 0, is complete", ms)
 	}
 	engine.Send("quit")
@@ -194,7 +183,7 @@ func TestInteropSGLangSnapshotRefused(t *testing.T) {
 	eventually(t, "the refusal counted", nil, func() bool { return workerStats(p, "w").Wire.SnapshotFailures == 1 })
 	engine.Send("batches 3 8000")
 	engine.Expect("published")
-	eventually(t, "later batches indexed", nil, func() bool { return scores(t, p, chain(8000, 3))["w"] == 3 })
+	eventually(t, "later batches indexed", nil, func() bool { return scores(t, p, enginepeer.ChainTokens(8000, 3))["w"] == 3 })
 	if st := workerStats(p, "w"); st.Wire.Snapshots != 0 || !st.Actor.Partial {
 		t.Errorf("snapshots %d, partial %v; want 0 and true", st.Wire.Snapshots, st.Actor.Partial)
 	}

@@ -17,18 +17,6 @@ import (
 	"github.com/kvpipe/kvpipe/internal/enginepeer"
 )
 
-// engineChain is the prompt whose blocks engine_pub.py's "chain n base"
-// stores.
-func engineChain(base, n int) []uint32 {
-	var out []uint32
-	for i := range n {
-		for t := range 16 {
-			out = append(out, uint32(((base-1000+i)*16+t)%50000))
-		}
-	}
-	return out
-}
-
 // pythonClient runs examples/python/kvpipe_client.py (grpcio) against a
 // server, with the token in its environment.
 type pythonClient struct {
@@ -143,8 +131,8 @@ func TestServeCommandWithPythonClientAndLibzmqEngines(t *testing.T) {
 	engines[0].peer.Send("go")
 	engines[0].peer.Send("chain 20 1000")
 	engines[0].peer.Expect("published")
-	until("e0's chain on the main port", port, engineChain(1000, 20), map[string]int{"e0": 20})
-	until("e0's chain on the grpc-go port", grpcgo, engineChain(1000, 20), map[string]int{"e0": 20})
+	until("e0's chain on the main port", port, enginepeer.ChainTokens(1000, 20), map[string]int{"e0": 20})
+	until("e0's chain on the grpc-go port", grpcgo, enginepeer.ChainTokens(1000, 20), map[string]int{"e0": 20})
 
 	// e1, registered by the client: refused without the token.
 	register := []string{"register", "--name", "e1", "--endpoint", engines[1].ep, "--replay", engines[1].replay}
@@ -157,8 +145,8 @@ func TestServeCommandWithPythonClientAndLibzmqEngines(t *testing.T) {
 	engines[1].peer.Send("go")
 	engines[1].peer.Send("chain 12 1000") // the first 12 blocks of e0's prompt
 	engines[1].peer.Expect("published")
-	until("both engines' blocks", grpcgo, engineChain(1000, 20), map[string]int{"e0": 20, "e1": 12})
-	until("a prompt of 8 more blocks after e1's 12", port, append(engineChain(1000, 12), engineChain(3000, 8)...), map[string]int{"e0": 12, "e1": 12})
+	until("both engines' blocks", grpcgo, enginepeer.ChainTokens(1000, 20), map[string]int{"e0": 20, "e1": 12})
+	until("a prompt of 8 more blocks after e1's 12", port, append(enginepeer.ChainTokens(1000, 12), enginepeer.ChainTokens(3000, 8)...), map[string]int{"e0": 12, "e1": 12})
 
 	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
 		t.Fatal(err)

@@ -116,3 +116,16 @@ func (p *Peer) Expect(prefix string) string {
 		return ""
 	}
 }
+
+// ChainTokens is the prompt whose blocks wire/testdata/engine_pub.py's
+// "chain n base" stores: n blocks of 16 tokens, the engine hashes
+// base..base+n-1.
+func ChainTokens(base, n int) []uint32 {
+	out := make([]uint32, 0, n*16)
+	for i := range n {
+		for t := range 16 {
+			out = append(out, uint32(((base-1000+i)*16+t)%50000))
+		}
+	}
+	return out
+}

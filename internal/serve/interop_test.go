@@ -16,17 +16,6 @@ import (
 	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1"
 )
 
-// pyChain is the prompt whose blocks engine_pub.py's "chain n base" stored.
-func pyChain(base, n int) []uint32 {
-	out := make([]uint32, 0, n*16)
-	for i := range n {
-		for t := range 16 {
-			out = append(out, uint32(((base-1000+i)*16+t)%50000))
-		}
-	}
-	return out
-}
-
 // pyClient runs examples/python/kvpipe_client.py against the server.
 type pyClient struct {
 	t      *testing.T
@@ -108,7 +97,7 @@ func (c *pyClient) checkBatchAndRouted(full, half []uint32) {
 			return
 		}
 	}
-	fresh := pyChain(5000, 6)
+	fresh := enginepeer.ChainTokens(5000, 6)
 	c.match(fresh, "--routed-to", "e0")
 	if m := c.match(fresh); len(m.Matches) != 1 || m.Matches[0].Blocks != 0 || m.Matches[0].Predicted != 6 {
 		c.t.Errorf("Python match of 6 blocks routed to e0: %+v, want 6 predicted, none held", m)
@@ -135,14 +124,14 @@ func TestInteropPythonClient(t *testing.T) {
 	engine.Send("go")
 	engine.Send("chain 20 1000")
 	engine.Expect("published")
-	full := pyChain(1000, 20)
+	full := enginepeer.ChainTokens(1000, 20)
 	eventually(t, "the chain indexed", func() bool { return r.matchGRPC(full)["e0"] == 20 })
 
 	m := py.match(full)
 	if len(m.Matches) != 1 || m.Matches[0].Worker != "e0" || m.Matches[0].Blocks != 20 || m.Matches[0].Score != 20 || m.RequestBlocks != 20 {
 		t.Errorf("Python match of the engine's 20 blocks: %+v", m)
 	}
-	half := append(pyChain(1000, 12), pyChain(3000, 8)...)
+	half := append(enginepeer.ChainTokens(1000, 12), enginepeer.ChainTokens(3000, 8)...)
 	if m := py.match(half); len(m.Matches) != 1 || m.Matches[0].Blocks != 12 {
 		t.Errorf("Python match of 12 of the engine's blocks, then others: %+v", m)
 	}
