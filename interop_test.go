@@ -131,6 +131,10 @@ func TestInteropSGLangSnapshotAfterALoss(t *testing.T) {
 	engine.Send("batches 50 5000 " + strings.Join(drop, ","))
 	engine.Expect("published")
 	eventually(t, "the snapshot applied", nil, func() bool { return workerStats(p, "w").Wire.Snapshots == 1 })
+	// Counted once the actor has it; its ops may still be queued at the shard.
+	if err := p.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	if got := scores(t, p, system)["w"]; got != 30 {
 		t.Errorf("after the snapshot the cached chain matches %d blocks, want 30", got)
 	}

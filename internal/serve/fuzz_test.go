@@ -146,9 +146,9 @@ func FuzzHandler(f *testing.F) {
 	e0 := &kvpipev1.WorkerSpec{Name: "e0", Endpoint: "tcp://" + silent.Addr().String()}
 	// reset leaves e0 alone registered.
 	reset := func() error {
-		for _, w := range s.svc.allSpecs() {
-			if w.Name != e0.Name {
-				if err := s.svc.unregister(ctx, w.Name); err != nil {
+		for _, r := range s.svc.registrations() {
+			if r.spec.Name != e0.Name {
+				if err := s.svc.unregister(ctx, r.spec.Name); err != nil {
 					return err
 				}
 			}

@@ -74,7 +74,7 @@ func TestGRPCGoServesEveryCall(t *testing.T) {
 	if _, err := r.grpcgo.UnregisterWorker(tokenCtx(testToken), &kvpipev1.UnregisterWorkerRequest{Name: "e0"}); err != nil {
 		t.Fatal(err)
 	}
-	if specs := r.s.svc.allSpecs(); len(specs) != 0 {
+	if specs := r.s.svc.registrations(); len(specs) != 0 {
 		t.Errorf("after unregister: %v", specs)
 	}
 }
@@ -186,7 +186,7 @@ func TestGRPCGoRefusedWithoutToken(t *testing.T) {
 			_, err = r.grpcgo.Match(ctx, &kvpipev1.MatchRequest{Keys: []uint64{1}, RoutedTo: "x"})
 			wantCode(t, what+": Match routed_to", err, connect.CodeUnauthenticated)
 		}
-		if list := r.s.svc.allSpecs(); len(list) != 0 {
+		if list := r.s.svc.registrations(); len(list) != 0 {
 			t.Errorf("server token %q: registered %v", server, list)
 		}
 		if !strings.Contains(r.metricsText(), `kvpipe_serve_refused_total{reason="unauthenticated"}`) {
@@ -203,7 +203,7 @@ func TestGRPCGoRefusedOffTheAllowList(t *testing.T) {
 		_, err := r.grpcgo.RegisterWorker(tokenCtx(testToken), &kvpipev1.RegisterWorkerRequest{Worker: w})
 		wantCode(t, "register "+w.Name, err, connect.CodePermissionDenied)
 	}
-	if list := r.s.svc.allSpecs(); len(list) != 0 {
+	if list := r.s.svc.registrations(); len(list) != 0 {
 		t.Errorf("registered %v", list)
 	}
 }

@@ -84,7 +84,7 @@ func TestDrainSavesAndRestarts(t *testing.T) {
 
 	again := start(t, Config{Token: testToken, Allow: []string{"127.0.0.1"}, Snapshot: snap})
 	eventually(t, "the registration loaded", func() bool { return again.s.svc.spec("e0") != nil })
-	if specs := again.s.svc.allSpecs(); len(specs) != 1 {
+	if specs := again.s.svc.registrations(); len(specs) != 1 {
 		t.Fatalf("restarted with workers %v, want e0 alone", specs)
 	}
 	probes := 0

@@ -24,13 +24,13 @@ func (s *Server) ready() (ok bool, why string, missing []string) {
 	st := s.cfg.Pipeline.Stats()
 	regs := s.svc.registrations()
 	for _, r := range regs {
-		if ws, ok := st.Worker(r.name); ok && connected(ws) {
+		if ws, ok := st.Worker(r.spec.Name); ok && connected(ws) {
 			continue
 		}
 		if s.cfg.ReadyTimeout < 0 || time.Since(r.since) < s.cfg.ReadyTimeout {
-			return false, fmt.Sprintf("worker %s has not connected yet", r.name), nil
+			return false, fmt.Sprintf("worker %s has not connected yet", r.spec.Name), nil
 		}
-		missing = append(missing, r.name)
+		missing = append(missing, r.spec.Name)
 	}
 	if len(regs) > 0 && len(missing) == len(regs) {
 		return false, fmt.Sprintf("no worker has connected in %v", s.cfg.ReadyTimeout), nil

@@ -82,8 +82,8 @@ func (s *Server) saveWorkers() {
 	s.save.Lock()
 	defer s.save.Unlock()
 	var list kvpipev1.ListWorkersResponse
-	for _, w := range s.svc.allSpecs() {
-		list.Workers = append(list.Workers, &kvpipev1.WorkerStatus{Name: w.Name, Spec: w})
+	for _, r := range s.svc.registrations() {
+		list.Workers = append(list.Workers, &kvpipev1.WorkerStatus{Name: r.spec.Name, Spec: r.spec})
 	}
 	data, err := protojson.MarshalOptions{Multiline: true}.Marshal(&list)
 	if err == nil {

@@ -45,7 +45,7 @@ func TestRefusedWithoutToken(t *testing.T) {
 				}
 			}
 		}
-		if list := r.s.svc.allSpecs(); len(list) != 0 {
+		if list := r.s.svc.registrations(); len(list) != 0 {
 			t.Errorf("server token %q: registered %v", server, list)
 		}
 	}
@@ -88,7 +88,7 @@ func TestRefusedOffTheAllowList(t *testing.T) {
 	if code != http.StatusCreated || !strings.Contains(body, "tcp://127.0.0.2:5557") {
 		t.Errorf("POST /v1/workers on the list: %d %s, want 201", code, body)
 	}
-	if list := r.s.svc.allSpecs(); len(list) != 1 || list[0].Name != "ok" {
+	if list := r.s.svc.registrations(); len(list) != 1 || list[0].spec.Name != "ok" {
 		t.Errorf("registered %v, want only ok", list)
 	}
 	// No allow-list: nothing may be registered.

@@ -53,17 +53,6 @@ func (s *service) spec(name string) *kvpipev1.WorkerSpec {
 	return s.specs[name]
 }
 
-// allSpecs returns the registered workers, by name.
-func (s *service) allSpecs() []*kvpipev1.WorkerSpec {
-	s.mu.Lock()
-	out := make([]*kvpipev1.WorkerSpec, 0, len(s.specs))
-	for _, w := range s.specs {
-		out = append(out, w)
-	}
-	s.mu.Unlock()
-	slices.SortFunc(out, func(a, b *kvpipev1.WorkerSpec) int { return cmpString(a.Name, b.Name) })
-	return out
-}
 
 func cmpString(a, b string) int {
 	switch {
@@ -135,22 +124,22 @@ func (s *service) add(w *kvpipev1.WorkerSpec) error {
 	return nil
 }
 
-// registration is a registered worker's name and when it was registered
-// (or loaded).
+// registration is a registered worker and when it was registered (or
+// loaded).
 type registration struct {
-	name  string
+	spec  *kvpipev1.WorkerSpec
 	since time.Time
 }
 
 // registrations returns the registered workers, by name.
 func (s *service) registrations() []registration {
 	s.mu.Lock()
-	out := make([]registration, 0, len(s.added))
-	for name, since := range s.added {
-		out = append(out, registration{name, since})
+	out := make([]registration, 0, len(s.specs))
+	for name, w := range s.specs {
+		out = append(out, registration{w, s.added[name]})
 	}
 	s.mu.Unlock()
-	slices.SortFunc(out, func(a, b registration) int { return cmpString(a.name, b.name) })
+	slices.SortFunc(out, func(a, b registration) int { return cmpString(a.spec.Name, b.spec.Name) })
 	return out
 }
 

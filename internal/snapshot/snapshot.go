@@ -11,8 +11,8 @@ package snapshot
 //   - 1: the first format.
 //   - 2: a worker may be Absent. A build that reads version 1 alone would
 //     take an absent worker for one holding no blocks, so a snapshot with
-//     an absent worker is version 2 (one of this build's versions-1 files
-//     with an absent worker, written before the bump, still loads).
+//     an absent worker is version 2 (a version-1 file with an absent
+//     worker, as builds of 2026-12-05 and 06 wrote, still loads).
 const Version = 2
 
 // minVersion is the oldest version whose readers understand s.
