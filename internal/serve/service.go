@@ -53,7 +53,6 @@ func (s *service) spec(name string) *kvpipev1.WorkerSpec {
 	return s.specs[name]
 }
 
-
 func cmpString(a, b string) int {
 	switch {
 	case a < b:
