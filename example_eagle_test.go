@@ -40,7 +40,7 @@ func Example_eagle() {
 	for range 500 { // until both engines' events are in
 		vllm.caches(promptTokens[:2*16])
 		sglang.cachesEagle(promptTokens[:2*16+1]) // two pages of bigrams: 33 tokens
-		if matches, _ := p.FindMatches(ctx, promptTokens); len(matches) == 2 {
+		if matches, _ := p.FindMatches(ctx, promptTokens); len(matches) == 2 && matches[0].Blocks == 2 && matches[1].Blocks == 2 {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)

@@ -54,13 +54,14 @@ func route(ctx context.Context, registry *prometheus.Registry, engine *engine) e
 		if err != nil {
 			return err
 		}
+		if len(matches) == 0 || matches[0].Blocks < 2 { // not yet, or a batch seen in part
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
 		for _, m := range matches {
 			fmt.Printf("%s holds %d leading blocks\n", m.Worker, m.Blocks)
 		}
-		if len(matches) > 0 {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
+		break
 	}
 
 	// On the way out: drain, then stop, within a deadline; Run then returns nil.

@@ -120,7 +120,10 @@ func TestAppendMatchesAllocatesNothing(t *testing.T) {
 	toks := prompt(7, 3)
 	var h index.Hasher
 	keys := h.Prompt(nil, toks, 16)
-	eventually(t, "every worker indexing", func() { e.parent = 0; e.store(toks, 16) }, func() bool { return len(scores(t, p, toks)) == 3 })
+	eventually(t, "every worker indexing all 3 blocks", func() { e.parent = 0; e.store(toks, 16) }, func() bool {
+		s := scores(t, p, toks)
+		return s["a"] == 3 && s["b"] == 3 && s["c"] == 3
+	})
 	ctx := context.Background()
 	dst := make([]Match, 0, 8)
 	allocs := testing.AllocsPerRun(200, func() {
@@ -151,7 +154,10 @@ func TestFindMatchesAllocatesOnlyItsAnswer(t *testing.T) {
 		}
 	}
 	toks := prompt(9, 300) // past the first rounds of keys
-	eventually(t, "every worker indexing", func() { e.parent = 0; e.store(toks, 16) }, func() bool { return len(scores(t, p, toks)) == 2 })
+	eventually(t, "every worker indexing all 300 blocks", func() { e.parent = 0; e.store(toks, 16) }, func() bool {
+		s := scores(t, p, toks)
+		return s["a"] == 300 && s["b"] == 300
+	})
 	ctx := context.Background()
 	r := &Request{Tokens: toks}
 	var ms []Match

@@ -61,7 +61,7 @@ func TestStatusPageInChromium(t *testing.T) {
 		restarted.probe()
 		a, _ := r.p.Stats().Worker("engine-a")
 		b, _ := r.p.Stats().Worker("engine-b")
-		return a.Actor.IndexedBlocks == 5 && b.Wire.Restarts > 0
+		return a.Actor.IndexedBlocks == 5 && b.Wire.Restarts > 0 && r.matchGRPC(chainTokens(1, 5))["engine-a"] == 5
 	})
 	eventually(t, "the page's sample of both workers, the blocks and the reset", func() bool {
 		cur := r.s.svc.mon.cur.Load()
