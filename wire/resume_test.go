@@ -2,6 +2,7 @@ package wire
 
 import (
 	"context"
+	"net"
 	"testing"
 	"time"
 
@@ -105,5 +106,31 @@ func TestCheckpointWaitsForRun(t *testing.T) {
 	}
 	if pos.Known {
 		t.Errorf("position %+v before any batch, want none known", pos)
+	}
+}
+
+// A dial to a peer that accepts and never speaks lasts HandshakeTimeout:
+// a Checkpoint meanwhile is answered at once, not after it (a snapshot
+// of every worker would wait for the hung one).
+func TestCheckpointAnsweredWhileAHandshakeHangs(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	s, err := NewSubscriber(Config{Endpoint: "tcp://" + l.Addr().String(), Options: Options{HandshakeTimeout: time.Hour}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runSubscriber(t, s)
+	c, err := l.Accept() // the dial is in its handshake now, and stays there
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.Checkpoint(ctx, func() {}); err != nil {
+		t.Fatalf("Checkpoint during a handshake that hangs: %v", err)
 	}
 }

@@ -362,7 +362,7 @@ func (s *Subscriber) Run(ctx context.Context, h Handler) error {
 	defer s.replay.close()
 	backoff := pace.Backoff{Min: s.cfg.ReconnectMin, Max: s.cfg.ReconnectMax}
 	for connectedBefore := false; ; {
-		sub, err := s.connect(ctx)
+		sub, err := s.connectServing(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -388,6 +388,30 @@ func (s *Subscriber) Run(ctx context.Context, h Handler) error {
 		}
 		if !s.sleep(ctx, backoff.Next()) {
 			return ctx.Err()
+		}
+	}
+}
+
+// connectServing is connect, serving Checkpoint calls while it dials: a
+// peer that accepts and never speaks (a hung engine) holds a dial for
+// HandshakeTimeout, and a snapshot must not wait for it. The dial touches
+// none of what a Checkpoint reads.
+func (s *Subscriber) connectServing(ctx context.Context) (*zsock.Receiver, error) {
+	type dialed struct {
+		sub *zsock.Receiver
+		err error
+	}
+	done := make(chan dialed, 1)
+	go func() {
+		sub, err := s.connect(ctx)
+		done <- dialed{sub, err}
+	}()
+	for {
+		select {
+		case d := <-done:
+			return d.sub, d.err
+		case call := <-s.calls:
+			call()
 		}
 	}
 }
