@@ -521,8 +521,8 @@ func (w *faultWorld) stats(e *faultEngine) WorkerStats {
 	return st
 }
 
-// unheldMatches checks that no block of e's matches e that e's cache does
-// not hold.
+// unheldMatches reports the first of e's blocks that the index says e
+// holds and e's cache does not.
 func (w *faultWorld) unheldMatches(e *faultEngine) error {
 	for ext, key := range e.keys {
 		hs, err := w.holders(key)
