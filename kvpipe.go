@@ -32,7 +32,8 @@ type Config struct {
 	// ShardQueue is how many batches each shard's queue holds, shared by the
 	// shard's workers (default 256). A worker has at most ShardQueue+2
 	// batches of at most 256 ops in flight (queued, being applied, being
-	// filled), so a stalled shard holds at most 4 KiB per batch per worker.
+	// filled), so a stalled shard holds at most 6 KiB per batch per worker
+	// (24 B an op); a worker keeps them for reuse once applied.
 	ShardQueue   int
 	Backpressure Backpressure // when a shard is behind: Block (default) or Drop
 	// TierWeights weigh a match's blocks by the tier holding them
