@@ -110,7 +110,8 @@ func (c *replayCall) send(ctx context.Context) bool {
 	return true
 }
 
-// wait waits for the next reply, the timeout, or a live message to hold.
+// wait waits for the next reply, the timeout, or a live message to hold,
+// and runs the Checkpoint calls that come meanwhile.
 func (c *replayCall) wait(ctx context.Context) (step, action) {
 	s := c.s
 	select {
@@ -141,6 +142,9 @@ func (c *replayCall) wait(ctx context.Context) (step, action) {
 			return st, settleNow
 		}
 		return c.reply(m)
+	case call := <-s.calls:
+		call() // between two handler calls: see Checkpoint
+		return step{}, waitMore
 	}
 }
 
@@ -237,7 +241,7 @@ func (c *replayCall) result() result {
 }
 
 // backOff waits out the backoff before a failed replay is sent again,
-// holding live batches meanwhile. It reports false when the replay should
+// holding live batches and running Checkpoint calls meanwhile. It reports false when the replay should
 // give up: ctx ended, or the failures have lasted past the purpose's
 // patience.
 func (c *replayCall) backOff(ctx context.Context) bool {
@@ -269,6 +273,8 @@ func (c *replayCall) backOff(ctx context.Context) bool {
 				continue
 			}
 			s.live.hold(m)
+		case call := <-s.calls:
+			call()
 		}
 	}
 }

@@ -3,9 +3,11 @@ package wire
 import (
 	"context"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/go-zeromq/zmq4"
 	"github.com/kvpipe/kvpipe/internal/wiretest"
 )
 
@@ -132,5 +134,61 @@ func TestCheckpointAnsweredWhileAHandshakeHangs(t *testing.T) {
 	defer cancel()
 	if err := s.Checkpoint(ctx, func() {}); err != nil {
 		t.Fatalf("Checkpoint during a handshake that hangs: %v", err)
+	}
+}
+
+// A replay whose endpoint takes the request and never answers (a hung
+// engine) waits ReplayTimeout for a reply, and then retries for
+// ReplayPatience; a Checkpoint meanwhile is answered at once, at the last
+// batch applied (a snapshot or a save on SIGTERM must not wait for it).
+func TestCheckpointAnsweredWhileAReplayWaits(t *testing.T) {
+	ep, replay := freeTCP(t), freeTCP(t)
+	pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep})
+	defer pub.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	router := zmq4.NewRouter(ctx)
+	if err := router.Listen(replay); err != nil {
+		t.Fatal(err)
+	}
+	var silent atomic.Bool // until set, every request is told nothing is buffered
+	asked := make(chan struct{}, 16)
+	routerDone := make(chan struct{})
+	go func() {
+		defer close(routerDone)
+		for {
+			m, err := router.Recv()
+			if err != nil {
+				return
+			}
+			if !silent.Load() {
+				router.Send(zmq4.NewMsgFrom(m.Frames[0], nil, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, nil))
+				continue
+			}
+			asked <- struct{}{}
+		}
+	}()
+	defer func() {
+		cancel()
+		router.Close()
+		<-routerDone
+	}()
+	s, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: replay, Options: Options{TailCheck: -1, ReplayTimeout: time.Hour}})
+	last := syncUp(t, pub, rec)
+	silent.Store(true)
+	pub.Drop(body(0))
+	pub.Publish(body(1)) // a gap: the replay asks, and waits
+	select {
+	case <-asked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the gap was never asked for")
+	}
+	wait, stop := context.WithTimeout(context.Background(), 10*time.Second)
+	defer stop()
+	var pos position
+	if err := s.Checkpoint(wait, func() { pos = positionOf(s) }); err != nil {
+		t.Fatalf("Checkpoint during a replay that waits: %v", err)
+	}
+	if pos.Seq != last || !pos.Known {
+		t.Errorf("position %+v during the replay, want seq %d (the last applied), known", pos, last)
 	}
 }

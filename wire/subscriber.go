@@ -292,8 +292,10 @@ func (s *Subscriber) Resume(seq, fp uint64) {
 }
 
 // Checkpoint runs f in Run's goroutine between two handler calls, where
-// the handler's state and the stream's Position agree. It waits while Run
-// is not running or is in the middle of a replay, and returns ctx's error
+// the handler's state and the stream's Position agree: while Run waits for
+// a live batch, a dial, a backoff or a replay's reply (a replay under way
+// is at its last batch applied; an engine snapshot being read is not
+// interrupted). It waits while Run is not running, and returns ctx's error
 // if f has not run when ctx ends.
 func (s *Subscriber) Checkpoint(ctx context.Context, f func()) error {
 	done := make(chan struct{})
