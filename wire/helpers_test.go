@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -212,3 +213,56 @@ func (r *recorder) HandleEngineSnapshotBegin()        {}
 func (r *recorder) HandleEngineSnapshot(chunk []byte) {}
 func (r *recorder) HandleEngineSnapshotEnd(ok bool)   {}
 func (r *recorder) HandleIdle() bool                  { return false }
+
+// endOfReplay is the seq frame of a replay answer's end marker.
+var endOfReplay = []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+
+// fakeRouter binds a bare zmq4 ROUTER to ep, an engine's replay socket as
+// a test writes it: serve gets each request, on the ROUTER's goroutine,
+// until the test ends, which closes the socket and waits for that goroutine.
+func fakeRouter(t *testing.T, ep string, serve func(router zmq4.Socket, req zmq4.Msg)) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	router := zmq4.NewRouter(ctx)
+	if err := router.Listen(ep); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			m, err := router.Recv()
+			if err != nil {
+				return
+			}
+			serve(router, m)
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		router.Close()
+		<-done
+	})
+}
+
+// stallingRouter is a fakeRouter that answers every request with an empty
+// buffer until stall is called, and from then on none: it hands them to
+// asked instead (a hung engine's ROUTER, which takes requests and answers
+// nothing).
+func stallingRouter(t *testing.T, ep string) (stall func(), asked <-chan zmq4.Msg) {
+	t.Helper()
+	var stalled atomic.Bool
+	reqs := make(chan zmq4.Msg, 64)
+	fakeRouter(t, ep, func(router zmq4.Socket, m zmq4.Msg) {
+		if !stalled.Load() {
+			router.Send(zmq4.NewMsgFrom(m.Frames[0], nil, endOfReplay, nil))
+			return
+		}
+		select {
+		case reqs <- m:
+		default: // the test has the first: enough
+		}
+	})
+	return func() { stalled.Store(true) }, reqs
+}

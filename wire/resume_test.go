@@ -3,11 +3,9 @@ package wire
 import (
 	"context"
 	"net"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
 	"github.com/kvpipe/kvpipe/internal/wiretest"
 )
 
@@ -145,36 +143,10 @@ func TestCheckpointAnsweredWhileAReplayWaits(t *testing.T) {
 	ep, replay := freeTCP(t), freeTCP(t)
 	pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep})
 	defer pub.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	router := zmq4.NewRouter(ctx)
-	if err := router.Listen(replay); err != nil {
-		t.Fatal(err)
-	}
-	var silent atomic.Bool // until set, every request is told nothing is buffered
-	asked := make(chan struct{}, 16)
-	routerDone := make(chan struct{})
-	go func() {
-		defer close(routerDone)
-		for {
-			m, err := router.Recv()
-			if err != nil {
-				return
-			}
-			if !silent.Load() {
-				router.Send(zmq4.NewMsgFrom(m.Frames[0], nil, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, nil))
-				continue
-			}
-			asked <- struct{}{}
-		}
-	}()
-	defer func() {
-		cancel()
-		router.Close()
-		<-routerDone
-	}()
+	stall, asked := stallingRouter(t, replay)
 	s, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: replay, Options: Options{TailCheck: -1, ReplayTimeout: time.Hour}})
 	last := syncUp(t, pub, rec)
-	silent.Store(true)
+	stall()
 	pub.Drop(body(0))
 	pub.Publish(body(1)) // a gap: the replay asks, and waits
 	select {

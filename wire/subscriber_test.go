@@ -358,44 +358,26 @@ func TestReplayWithAHoleAsksAgain(t *testing.T) {
 	ep, replay := freeTCP(t), freeTCP(t)
 	pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep})
 	defer pub.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	router := zmq4.NewRouter(ctx)
-	if err := router.Listen(replay); err != nil {
-		t.Fatal(err)
-	}
-	defer router.Close()
 	// What the engine keeps for replay, by seq; empty until the test knows
 	// what the subscriber has applied.
 	var stored atomic.Pointer[[][]byte]
 	stored.Store(&[][]byte{})
 	requests := make(chan uint64, 16)
-	routerDone := make(chan struct{})
-	go func() {
-		defer close(routerDone)
-		for round := 0; ; {
-			m, err := router.Recv()
-			if err != nil {
-				return
-			}
-			start, buf := binary.BigEndian.Uint64(m.Frames[2]), *stored.Load()
-			if len(buf) > 0 {
-				requests <- start
-				for seq := start; seq < uint64(len(buf)); seq++ {
-					if round == 0 && seq == start+2 {
-						continue // dropped on the way
-					}
-					router.Send(zmq4.NewMsgFrom(m.Frames[0], nil, seqBytes(seq), buf[seq]))
+	round := 0
+	fakeRouter(t, replay, func(router zmq4.Socket, m zmq4.Msg) {
+		start, buf := binary.BigEndian.Uint64(m.Frames[2]), *stored.Load()
+		if len(buf) > 0 {
+			requests <- start
+			for seq := start; seq < uint64(len(buf)); seq++ {
+				if round == 0 && seq == start+2 {
+					continue // dropped on the way
 				}
-				round++
+				router.Send(zmq4.NewMsgFrom(m.Frames[0], nil, seqBytes(seq), buf[seq]))
 			}
-			router.Send(zmq4.NewMsgFrom(m.Frames[0], nil, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, nil))
+			round++
 		}
-	}()
-	defer func() {
-		cancel()
-		router.Close()
-		<-routerDone
-	}()
+		router.Send(zmq4.NewMsgFrom(m.Frames[0], nil, endOfReplay, nil))
+	})
 
 	s, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: replay, Options: Options{TailCheck: -1}})
 	last := syncUp(t, pub, rec)
@@ -431,29 +413,7 @@ func TestCancelDuringAReplayIsNotALoss(t *testing.T) {
 	ep, replay := freeTCP(t), freeTCP(t)
 	pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep})
 	defer pub.Close()
-	ctx, cancelRouter := context.WithCancel(context.Background())
-	defer cancelRouter()
-	router := zmq4.NewRouter(ctx)
-	if err := router.Listen(replay); err != nil {
-		t.Fatal(err)
-	}
-	defer router.Close()
-	requests := make(chan zmq4.Msg, 64)
-	var stall atomic.Bool
-	go func() { // answers with an empty buffer until stalled, then nothing
-		for {
-			m, err := router.Recv()
-			if err != nil {
-				close(requests)
-				return
-			}
-			if stall.Load() {
-				requests <- m
-			} else {
-				router.Send(zmq4.NewMsgFrom(m.Frames[0], nil, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, nil))
-			}
-		}
-	}()
+	stall, requests := stallingRouter(t, replay)
 	s, err := NewSubscriber(Config{Endpoint: ep, ReplayEndpoint: replay, Options: Options{TailCheck: -1, ReplayTimeout: time.Minute, ReconnectMin: 20 * time.Millisecond, ReconnectMax: 200 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
@@ -463,7 +423,7 @@ func TestCancelDuringAReplayIsNotALoss(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- s.Run(runCtx, rec) }()
 	syncUp(t, pub, rec)
-	stall.Store(true)
+	stall()
 	pub.Drop(body(0))
 	pub.Publish(body(1))
 	select {
@@ -482,10 +442,6 @@ func TestCancelDuringAReplayIsNotALoss(t *testing.T) {
 	}
 	if st := s.Stats(); st.Lost != 0 || st.ReplayFailures != 0 || st.ReplayUnreachable != 0 {
 		t.Errorf("lost %d, replay failures %d, unreachable %d; want 0", st.Lost, st.ReplayFailures, st.ReplayUnreachable)
-	}
-	cancelRouter()
-	router.Close()
-	for range requests {
 	}
 }
 
