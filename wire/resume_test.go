@@ -3,9 +3,11 @@ package wire
 import (
 	"context"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/go-zeromq/zmq4"
 	"github.com/kvpipe/kvpipe/internal/wiretest"
 )
 
@@ -162,5 +164,49 @@ func TestCheckpointAnsweredWhileAReplayWaits(t *testing.T) {
 	}
 	if pos.Seq != last || !pos.Known {
 		t.Errorf("position %+v during the replay, want seq %d (the last applied), known", pos, last)
+	}
+}
+
+// A reset within one incarnation fetches the engine's snapshot; an
+// endpoint that hangs before the snapshot's header (its dial's handshake,
+// or a ROUTER that takes the request and answers nothing) waits
+// HandshakeTimeout or ReplayTimeout, and a Checkpoint meanwhile is
+// answered at once.
+func TestCheckpointAnsweredWhileAnEngineSnapshotWaits(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		peer func(t *testing.T, ep string)
+	}{
+		{"handshake hangs", func(t *testing.T, ep string) {
+			l, err := net.Listen("tcp", strings.TrimPrefix(ep, "tcp://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { l.Close() }) // the kernel accepts; nobody speaks
+		}},
+		{"no header", func(t *testing.T, ep string) {
+			fakeRouter(t, ep, func(zmq4.Socket, zmq4.Msg) {})
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ep, snap := freeTCP(t), freeTCP(t)
+			c.peer(t, snap)
+			pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep})
+			defer pub.Close()
+			s, rec := startSubscriber(t, Config{Endpoint: ep, SnapshotEndpoint: snap,
+				Options: Options{TailCheck: -1, HandshakeTimeout: time.Hour, ReplayTimeout: time.Hour}})
+			syncUp(t, pub, rec)
+			pub.Drop(body(0))
+			pub.Publish(body(1)) // a gap lost, so a reset, so the engine's snapshot
+			if got := rec.next(t); !got.reset || got.why != ResetGapLost {
+				t.Fatalf("got %+v, want a gap_lost reset", got)
+			}
+			wait, stop := context.WithTimeout(context.Background(), 10*time.Second)
+			defer stop()
+			ran := false
+			if err := s.Checkpoint(wait, func() { ran = true }); err != nil || !ran {
+				t.Fatalf("Checkpoint while the engine's snapshot waits: %v (ran %v)", err, ran)
+			}
+		})
 	}
 }

@@ -77,13 +77,16 @@ type snapshotCall struct {
 }
 
 // takeSnapshot fetches the engine's snapshot into h, holding live
-// batches meanwhile, and positions the stream at the snapshot's barrier. A
+// batches meanwhile (and serving Checkpoint until its header), and
+// positions the stream at the snapshot's barrier. A
 // failed snapshot is counted; the worker stays partial, cleared if the
 // failure came after the header. It returns false only when ctx ended.
 func (s *Subscriber) takeSnapshot(ctx context.Context, sub *zsock.Receiver, h Handler) bool {
 	s.needSnapshot = false
 	c := &snapshotCall{s: s, h: h, talk: snapshotTalk{epoch: s.epoch}}
-	sock, err := dial(ctx, zmq4.Dealer, s.cfg.SnapshotEndpoint, s.cfg.guard(&s.stats))
+	var sock zmq4.Socket
+	var err error
+	s.serving(func() { sock, err = dial(ctx, zmq4.Dealer, s.cfg.SnapshotEndpoint, s.cfg.guard(&s.stats)) })
 	if err == nil {
 		r := zsock.Start(sock, 64)
 		defer r.Close()
@@ -105,9 +108,16 @@ func (c *snapshotCall) replies(ctx context.Context, sub, r *zsock.Receiver) bool
 	defer timer.Stop()
 	var live <-chan zmq4.Msg = sub.Msgs
 	for {
+		calls := s.calls // until the header: once begun, the handler is mid-snapshot
+		if t.begun {
+			calls = nil
+		}
 		var m zmq4.Msg
 		var ok bool
 		select {
+		case call := <-calls:
+			call()
+			continue
 		case <-ctx.Done():
 		case <-timer.C:
 			c.failed("wait", errors.New("timed out"))

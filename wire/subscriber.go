@@ -293,10 +293,10 @@ func (s *Subscriber) Resume(seq, fp uint64) {
 
 // Checkpoint runs f in Run's goroutine between two handler calls, where
 // the handler's state and the stream's Position agree: while Run waits for
-// a live batch, a dial, a backoff or a replay's reply (a replay under way
-// is at its last batch applied; an engine snapshot being read is not
-// interrupted). It waits while Run is not running, and returns ctx's error
-// if f has not run when ctx ends.
+// a live batch, a dial, a backoff, a replay's reply (a replay under way is
+// at its last batch applied) or an engine snapshot's header (once it has
+// come, the handler is mid-snapshot until its end). It waits while Run is
+// not running, and returns ctx's error if f has not run when ctx ends.
 func (s *Subscriber) Checkpoint(ctx context.Context, f func()) error {
 	done := make(chan struct{})
 	call := func() { defer close(done); f() }
@@ -396,22 +396,24 @@ func (s *Subscriber) Run(ctx context.Context, h Handler) error {
 
 // connectServing is connect, serving Checkpoint calls while it dials: a
 // peer that accepts and never speaks (a hung engine) holds a dial for
-// HandshakeTimeout, and a snapshot must not wait for it. The dial touches
-// none of what a Checkpoint reads.
-func (s *Subscriber) connectServing(ctx context.Context) (*zsock.Receiver, error) {
-	type dialed struct {
-		sub *zsock.Receiver
-		err error
-	}
-	done := make(chan dialed, 1)
+// HandshakeTimeout, and a snapshot must not wait for it.
+func (s *Subscriber) connectServing(ctx context.Context) (sub *zsock.Receiver, err error) {
+	s.serving(func() { sub, err = s.connect(ctx) })
+	return sub, err
+}
+
+// serving runs f on a goroutine of its own and serves Checkpoint calls
+// until f returns. f must touch nothing a Checkpoint reads: it is a dial.
+func (s *Subscriber) serving(f func()) {
+	done := make(chan struct{})
 	go func() {
-		sub, err := s.connect(ctx)
-		done <- dialed{sub, err}
+		defer close(done)
+		f()
 	}()
 	for {
 		select {
-		case d := <-done:
-			return d.sub, d.err
+		case <-done:
+			return
 		case call := <-s.calls:
 			call()
 		}
