@@ -137,3 +137,27 @@ func TestDrainEndsMatchStreams(t *testing.T) {
 		})
 	}
 }
+
+// Draining, a MatchStream answers every request it had read, in order,
+// and then ends: none is skipped when a read one and the drain are both
+// ready (select picks between them at random).
+func TestDrainingStreamAnswersEveryRequestRead(t *testing.T) {
+	closing := make(chan struct{})
+	close(closing)
+	for round := range 50 {
+		reqs := make(chan *kvpipev1.MatchRequest, 8)
+		for i := range cap(reqs) {
+			reqs <- &kvpipev1.MatchRequest{Keys: make([]uint64, i+1)}
+		}
+		draining := false
+		for i := range cap(reqs) {
+			req, ok, err := nextRequest(context.Background(), reqs, closing, &draining)
+			if err != nil || !ok || len(req.Keys) != i+1 {
+				t.Fatalf("round %d, request %d: %d keys, ok %v, err %v; want %d keys", round, i, len(req.GetKeys()), ok, err, i+1)
+			}
+		}
+		if _, _, err := nextRequest(context.Background(), reqs, closing, &draining); err != errDraining {
+			t.Fatalf("round %d: after the requests read, %v; want errDraining", round, err)
+		}
+	}
+}

@@ -104,24 +104,9 @@ func readRequests(recv func() (*kvpipev1.MatchRequest, error), reqs chan<- *kvpi
 func (s *service) answerStream(ctx context.Context, h http.Header, reqs <-chan *kvpipev1.MatchRequest, send func(a *kvpipev1.MatchResponse, more bool) error) error {
 	draining := false
 	for {
-		var req *kvpipev1.MatchRequest
-		ok := true
-		select {
-		case req, ok = <-reqs:
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-s.closing:
-			draining = true
-		}
-		if draining { // answer what was read, no more
-			select {
-			case req, ok = <-reqs:
-			default:
-				return errDraining
-			}
-		}
-		if !ok {
-			return nil
+		req, ok, err := nextRequest(ctx, reqs, s.closing, &draining)
+		if err != nil || !ok {
+			return err
 		}
 		a, err := refusedInPlace(s.match(ctx, h, req))
 		if err != nil {
@@ -130,5 +115,29 @@ func (s *service) answerStream(ctx context.Context, h http.Header, reqs <-chan *
 		if err := send(a, len(reqs) > 0); err != nil {
 			return err
 		}
+	}
+}
+
+// nextRequest is the next request of reqs to answer (ok false once reqs is
+// closed): any, until closing is closed; from then on (draining) only those
+// already read, and errDraining once none is left.
+func nextRequest(ctx context.Context, reqs <-chan *kvpipev1.MatchRequest, closing <-chan struct{}, draining *bool) (*kvpipev1.MatchRequest, bool, error) {
+	if !*draining {
+		select {
+		case req, ok := <-reqs:
+			return req, ok, nil
+		case <-ctx.Done():
+			return nil, false, ctx.Err()
+		case <-closing:
+			*draining = true
+		}
+	}
+	// Never after a request taken above: with both ready, select picks at
+	// random, and a second take would skip the first's answer.
+	select {
+	case req, ok := <-reqs:
+		return req, ok, nil
+	default:
+		return nil, false, errDraining
 	}
 }
