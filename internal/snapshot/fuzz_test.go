@@ -29,6 +29,9 @@ func FuzzDecode(f *testing.F) {
 	good := mustAppend(f, sample())
 	f.Add(good[:len(good)/2])
 	f.Add([]byte("KVPSNAP\x02"))
+	// Labelled with the newest version and no worker absent: Append writes
+	// it back as the oldest that holds it.
+	f.Add(frame(body(f, &Snapshot{Version: Version, BlockSize: 1})))
 
 	f.Fuzz(func(t *testing.T, data []byte) {
 		decodeChecked(t, data)
@@ -61,8 +64,8 @@ func decodeChecked(t *testing.T, data []byte) {
 	if err := Decode(out, &again); err != nil {
 		t.Fatalf("Decode of a re-encoded snapshot: %v", err)
 	}
-	if !same(&s, &again) {
-		t.Fatalf("round trip differs (-decoded +again):\n%s", diff(&s, &again))
+	if !same(written(&s), &again) { // Append writes the oldest version that holds it
+		t.Fatalf("round trip differs (-decoded +again):\n%s", diff(written(&s), &again))
 	}
 }
 

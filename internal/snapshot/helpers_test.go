@@ -121,7 +121,7 @@ func diff(a, b *Snapshot) string { return cmp.Diff(a, b, equal) }
 // same is diff(a, b) == "", without cmp's reflection: the fuzzers compare
 // snapshots of thousands of blocks on every input.
 func same(a, b *Snapshot) bool {
-	if a.Version != b.Version || a.BlockSize != b.BlockSize || a.Created != b.Created || len(a.Workers) != len(b.Workers) {
+	if a.Version != b.Version || a.BlockSize != b.BlockSize || a.KeySeed != b.KeySeed || a.Created != b.Created || len(a.Workers) != len(b.Workers) {
 		return false
 	}
 	for i := range a.Workers {
