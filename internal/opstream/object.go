@@ -55,11 +55,16 @@ func SaveSnapshot(ctx context.Context, obs jetstream.ObjectStore, object string,
 	return nil
 }
 
+// preallocMax is the most LoadSnapshot allocates on the object's word
+// before reading it; a bigger snapshot grows as it is read.
+const preallocMax = 64 << 20
+
 // LoadSnapshot appends the bytes of the snapshot in object of obs to dst
 // and returns them with its SnapshotMeta; the error wraps
 // snapshot.ErrNotFound when there is none. The bytes are checked against
 // the object's SHA-256 digest: a read cut short or damaged is an error
-// (wrapping snapshot.ErrCorrupt), not a shorter snapshot.
+// (wrapping snapshot.ErrCorrupt), not a shorter snapshot, and so is one
+// past snapshot.DefaultMaxSize.
 func LoadSnapshot(ctx context.Context, obs jetstream.ObjectStore, object string, dst []byte) ([]byte, SnapshotMeta, error) {
 	r, err := obs.Get(ctx, object)
 	if errors.Is(err, jetstream.ErrObjectNotFound) {
@@ -77,14 +82,23 @@ func LoadSnapshot(ctx context.Context, obs jetstream.ObjectStore, object string,
 	if err != nil {
 		return dst, SnapshotMeta{}, fmt.Errorf("%w: object %s: %w", snapshot.ErrCorrupt, object, err)
 	}
-	start := len(dst)
-	dst = slices.Grow(dst, int(info.Size)+1) // +1: the read that finds EOF (and checks the digest) needs room
+	// The size is the object's metadata, which whoever can write the bucket
+	// writes: it bounds the read, and only up to preallocMax the memory
+	// taken before any byte is read, so a forged one costs an error.
+	if info.Size > snapshot.DefaultMaxSize {
+		return dst, SnapshotMeta{}, fmt.Errorf("%w: object %s: %d bytes, more than the %d a snapshot may have", snapshot.ErrCorrupt, object, info.Size, int64(snapshot.DefaultMaxSize))
+	}
+	start, size := len(dst), int(info.Size)
+	dst = slices.Grow(dst, min(size, preallocMax)+1) // +1: the read that finds EOF (and checks the digest) needs room
 	for {
 		if len(dst) == cap(dst) {
 			dst = slices.Grow(dst, 4096)
 		}
 		n, err := r.Read(dst[len(dst):cap(dst)])
 		dst = dst[:len(dst)+n]
+		if len(dst)-start > size {
+			return dst[:start], SnapshotMeta{}, fmt.Errorf("%w: object %s: more than the %d bytes its metadata says", snapshot.ErrCorrupt, object, size)
+		}
 		if err == io.EOF {
 			break
 		}
