@@ -57,8 +57,9 @@ type FollowerStats struct {
 	Duplicates uint64 // messages at or before the last one handled (a consumer resumed): dropped
 	// BadMessages could not be decoded (their worker was cleared, and is
 	// Partial until a clear in the stream); Gaps are runs ended because the
-	// stream no longer held the next message.
-	BadMessages, Gaps uint64
+	// stream no longer held the next message; StreamsRemade runs ended
+	// because the stream was deleted and made again under them.
+	BadMessages, Gaps, StreamsRemade uint64
 	// SnapshotsLoaded and SnapshotsRefused count the snapshots each run
 	// found; RefusedReason says why the last refused one was.
 	SnapshotsLoaded, SnapshotsRefused uint64
@@ -69,9 +70,9 @@ type FollowerStats struct {
 }
 
 type followerCounters struct {
-	applied, skipped, duplicates, bad, gaps atomic.Uint64
-	loaded, refused, runs                   atomic.Uint64
-	lastApplied, lag                        atomic.Uint64
+	applied, skipped, duplicates, bad, gaps, remade atomic.Uint64
+	loaded, refused, runs                           atomic.Uint64
+	lastApplied, lag                                atomic.Uint64
 }
 
 // Stats returns the follower's counters; any goroutine may call it.
@@ -81,7 +82,7 @@ func (f *Follower) Stats() FollowerStats {
 	reason := f.reason
 	f.mu.Unlock()
 	return FollowerStats{Applied: c.applied.Load(), Skipped: c.skipped.Load(), Duplicates: c.duplicates.Load(),
-		BadMessages: c.bad.Load(), Gaps: c.gaps.Load(), SnapshotsLoaded: c.loaded.Load(), SnapshotsRefused: c.refused.Load(),
+		BadMessages: c.bad.Load(), Gaps: c.gaps.Load(), StreamsRemade: c.remade.Load(), SnapshotsLoaded: c.loaded.Load(), SnapshotsRefused: c.refused.Load(),
 		RefusedReason: reason, Runs: c.runs.Load(), LastApplied: c.lastApplied.Load(), Lag: c.lag.Load()}
 }
 
@@ -110,6 +111,15 @@ type followed struct {
 // errGap ends a run whose stream skipped messages it had not read.
 var errGap = errors.New("relay: the stream no longer holds messages the follower has not read")
 
+// errRemade ends a run whose stream was deleted and made again under it.
+var errRemade = errors.New("relay: the stream was deleted and made again under the follower")
+
+// streamCheck is how often a run asks whether its stream is still the one
+// it started on. One made again numbers its messages from 1 again, and the
+// consumer, resuming after the last it delivered, would skip those as if
+// nothing had happened: the index would keep what the old stream built.
+const streamCheck = 2 * time.Second
+
 // Run feeds f's pipeline until ctx ends (nil) or the stream fails it.
 func (f *Follower) Run(ctx context.Context, feed *kvpipe.Feed) error {
 	if f.busy.Swap(true) {
@@ -132,7 +142,8 @@ type following struct {
 	// defaultWhole: a worker the stream names first holds its whole
 	// history (the stream starts at its first message).
 	defaultWhole bool
-	next         uint64 // the sequence expected next
+	next         uint64    // the sequence expected next
+	created      time.Time // the stream's, as the run began
 }
 
 func (f *Follower) run(ctx context.Context, feed *kvpipe.Feed) error {
@@ -160,7 +171,7 @@ func (f *Follower) run(ctx context.Context, feed *kvpipe.Feed) error {
 	defer it.Stop()
 	f.lastSeen = fl.next - 1
 	f.stats.lastApplied.Store(f.lastSeen) // what the snapshot covers counts as applied
-	return f.consume(ctx, feed, it, fl)
+	return f.consume(ctx, feed, stream, it, fl)
 }
 
 // start loads the snapshot, checks it against the stream and applies it,
@@ -177,7 +188,7 @@ func (f *Follower) start(ctx context.Context, feed *kvpipe.Feed, stream jetstrea
 		return nil, fmt.Errorf("relay: stream %s: %w", f.set.Stream, err)
 	}
 	st := info.State
-	fl := &following{workers: map[string]*followed{}, defaultWhole: st.FirstSeq <= 1, next: max(st.FirstSeq, 1)}
+	fl := &following{workers: map[string]*followed{}, defaultWhole: st.FirstSeq <= 1, next: max(st.FirstSeq, 1), created: info.Created}
 	if snap != nil {
 		var reason string
 		if fl.base, reason = check(snap, meta, info); reason != "" {
@@ -207,13 +218,30 @@ func (f *Follower) start(ctx context.Context, feed *kvpipe.Feed, stream jetstrea
 	return fl, nil
 }
 
-// consume applies the stream's messages from fl.next on, until ctx ends
-// or the stream fails.
-func (f *Follower) consume(ctx context.Context, feed *kvpipe.Feed, it jetstream.MessagesContext, fl *following) error {
+// consume applies the stream's messages from fl.next on, until ctx ends,
+// the stream fails, or it is made again (checked every streamCheck).
+func (f *Follower) consume(ctx context.Context, feed *kvpipe.Feed, stream jetstream.Stream, it jetstream.MessagesContext, fl *following) error {
 	s := f.set
-	first := true // no message handled yet
+	first := true            // no message handled yet
+	var wait context.Context // ends at the next check
+	stopWait := context.CancelFunc(func() {})
+	defer func() { stopWait() }()
+	renew := func() {
+		stopWait()
+		wait, stopWait = context.WithTimeout(ctx, streamCheck)
+	}
+	renew()
 	for {
-		msg, err := it.Next(jetstream.NextContext(ctx))
+		msg, err := it.Next(jetstream.NextContext(wait))
+		if wait.Err() != nil && ctx.Err() == nil {
+			if err := f.sameStream(ctx, stream, fl.created); err != nil {
+				return err
+			}
+			renew()
+			if err != nil {
+				continue // the wait ended, not a message
+			}
+		}
 		if err != nil {
 			return fmt.Errorf("relay: consuming %s: %w", s.Stream, err)
 		}
@@ -246,6 +274,20 @@ func (f *Follower) consume(ctx context.Context, feed *kvpipe.Feed, it jetstream.
 		}
 		f.stats.lastApplied.Store(seq)
 	}
+}
+
+// sameStream returns errRemade, counted, if the stream is not the one made
+// at created.
+func (f *Follower) sameStream(ctx context.Context, stream jetstream.Stream, created time.Time) error {
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("relay: stream %s: %w", f.set.Stream, err)
+	}
+	if !info.Created.Equal(created) {
+		f.stats.remade.Add(1)
+		return fmt.Errorf("%w: made at %v, now at %v", errRemade, created, info.Created)
+	}
+	return nil
 }
 
 // handle applies the message at seq, unless the snapshot covers it.

@@ -786,3 +786,52 @@ func TestWorkerAddedAgainBeforeItsRemovalIsStored(t *testing.T) {
 		t.Errorf("a's messages in the stream: %s, want run removal run", got)
 	}
 }
+
+// The stream deleted under a running router, and made again by the relay:
+// the new stream numbers its messages from 1, and the router's consumer,
+// resuming after the last it delivered, would have skipped those and kept
+// what the old stream built (the index held blocks the engine had dropped,
+// unflagged). The router notices the new stream within streamCheck, counts
+// it, starts a run on it, and ends as the relay and the engine are.
+func TestStreamRemadeUnderARunningRouter(t *testing.T) {
+	t.Parallel()
+	_, js := startServer(t)
+	s := testSettings()
+	a := newEngine(t, "a")
+	reqs := trace(400, 9)
+	cfg := relayConfig(s)
+	cfg.SnapshotEvery = 50 * time.Millisecond // a snapshot is where the relay finds the stream changed
+	rr := startRelay(t, js, cfg, a)
+	r := startRouter(t, js, s)
+	a.serve(reqs[:150])
+	relayed(t, rr, a)
+	caughtUp(t, js, s, r)
+	runs := r.f.Stats().Runs
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := js.DeleteStream(ctx, s.Stream); err != nil {
+		t.Fatal(err)
+	}
+	a.serve(reqs[150:250])
+	eventually(t, "the relay started again on the new stream", func() error {
+		if rr.Stats().StreamChanges == 0 {
+			return fmt.Errorf("%+v", rr.Stats())
+		}
+		return nil
+	})
+	a.serve(reqs[250:])
+	relayed(t, rr, a)
+	eventually(t, "the router on the new stream", func() error {
+		if fs := r.f.Stats(); fs.StreamsRemade == 0 || fs.Runs == runs {
+			return fmt.Errorf("%+v", fs)
+		}
+		return nil
+	})
+	caughtUp(t, js, s, r)
+	if err := sound(r.p, a); err != nil {
+		t.Error(err)
+	}
+	if err := sameBlocks(rr.Pipeline(), r); err != nil {
+		t.Error(err)
+	}
+}
