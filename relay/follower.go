@@ -375,6 +375,10 @@ func (f *Follower) load(ctx context.Context, blockSize int) (*snapshot.Snapshot,
 		f.refuse(fmt.Sprintf("snapshot of block size %d, the router's is %d", f.snap.BlockSize, blockSize))
 		return nil, meta, nil
 	}
+	if f.snap.KeySeed != index.Seed {
+		f.refuse(fmt.Sprintf("snapshot of keys hashed with key seed %d, this kvpipe's is %d", f.snap.KeySeed, index.Seed))
+		return nil, meta, nil
+	}
 	return &f.snap, meta, nil
 }
 

@@ -441,13 +441,25 @@ func TestBadSnapshots(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name   string
-		damage func([]byte) []byte
+		damage func(*testing.T, []byte) []byte
 		reason string
 	}{
-		{"corrupt", func(b []byte) []byte { b[len(b)/2] ^= 0x40; return b }, "checksum mismatch"},
-		{"truncated", func(b []byte) []byte { return b[:len(b)*2/3] }, "checksum mismatch"},
-		{"empty", func(b []byte) []byte { return nil }, "truncated: 0 bytes"},
-		{"not a snapshot", func(b []byte) []byte { return []byte("hello, world: not a snapshot") }, "bad magic"},
+		{"corrupt", func(_ *testing.T, b []byte) []byte { b[len(b)/2] ^= 0x40; return b }, "checksum mismatch"},
+		{"truncated", func(_ *testing.T, b []byte) []byte { return b[:len(b)*2/3] }, "checksum mismatch"},
+		{"empty", func(*testing.T, []byte) []byte { return nil }, "truncated: 0 bytes"},
+		{"not a snapshot", func(*testing.T, []byte) []byte { return []byte("hello, world: not a snapshot") }, "bad magic"},
+		{"another key seed", func(t *testing.T, b []byte) []byte { // keys no prompt of this kvpipe hashes to
+			var snap snapshot.Snapshot
+			if err := snapshot.Decode(b, &snap); err != nil {
+				t.Fatal(err)
+			}
+			snap.KeySeed = index.Seed + 1
+			out, err := snapshot.Append(nil, &snap)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return out
+		}, "key seed"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, js := startServer(t)
@@ -462,7 +474,7 @@ func TestBadSnapshots(t *testing.T) {
 			relayed(t, rr, a)
 			rr.stop()
 			data, meta := takeSnapshot(t, js, s)
-			putSnapshot(t, js, s, tc.damage(data), meta)
+			putSnapshot(t, js, s, tc.damage(t, data), meta)
 
 			r := startRouter(t, js, s)
 			caughtUp(t, js, s, r)
