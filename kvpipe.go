@@ -155,4 +155,7 @@ var (
 	ErrNoWorker = errors.New("kvpipe: no such worker")
 	// ErrNotRunning is returned by Snapshot before Run.
 	ErrNotRunning = errors.New("kvpipe: pipeline not running")
+	// ErrNameTaken is returned by Feed.Apply for a name of an engine
+	// worker (AddWorker's): a Source's ops never reach it.
+	ErrNameTaken = errors.New("kvpipe: the name is an engine worker's")
 )

@@ -61,8 +61,9 @@ func (f *fedWorker) count(op index.Op) {
 // behind or until ctx ends. partial is the worker's state after them
 // (Match.Partial). Ops after an OpRemoveWorker belong to a new worker of
 // that name. An op of an unknown kind or tier fails the call before any of
-// its ops is applied; a call that ctx ends may have applied some. Calls for
-// one worker must not run concurrently.
+// its ops is applied, and so does a name an engine worker has (ErrNameTaken);
+// a call that ctx ends may have applied some. Calls for one worker must not
+// run concurrently.
 func (f *Feed) Apply(ctx context.Context, worker string, partial bool, ops []index.Op) error {
 	for i, op := range ops {
 		if op.Kind > index.OpClearTier || op.Tier >= index.NumTiers {
@@ -132,7 +133,7 @@ func (f *Feed) worker(name string) (*worker, error) {
 	}
 	if w, ok := p.workers[name]; ok {
 		if w.fed == nil {
-			return nil, fmt.Errorf("kvpipe: source worker %q: an engine worker has that name", name)
+			return nil, fmt.Errorf("%w: source worker %q", ErrNameTaken, name)
 		}
 		p.feeding.Add(1)
 		return w, nil
@@ -141,7 +142,7 @@ func (f *Feed) worker(name string) (*worker, error) {
 		return nil, errors.New("kvpipe: source worker name must not be empty")
 	}
 	if p.leaving[name] {
-		return nil, fmt.Errorf("kvpipe: source worker %q: an engine worker of that name is being removed", name)
+		return nil, fmt.Errorf("%w: source worker %q: it is being removed", ErrNameTaken, name)
 	}
 	p.feeding.Add(1)
 	w := &worker{name: name, id: p.nextID, fed: new(fedWorker)}

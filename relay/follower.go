@@ -207,7 +207,7 @@ func (f *Follower) start(ctx context.Context, feed *kvpipe.Feed, stream jetstrea
 	// Nothing of an earlier run may stay: the stream rebuilds what it
 	// can, from its first message.
 	for name := range f.fed {
-		if err := feed.Apply(ctx, name, true, []index.Op{{Kind: index.OpClearWorker}}); err != nil {
+		if err := feed.Apply(ctx, name, true, []index.Op{{Kind: index.OpClearWorker}}); err != nil && !errors.Is(err, kvpipe.ErrNameTaken) {
 			return nil, err
 		}
 	}
@@ -315,7 +315,9 @@ func (f *Follower) handle(ctx context.Context, feed *kvpipe.Feed, workers map[st
 		// entries go, and it is partial until a clear makes it whole.
 		f.badMessage(seq, msg.Subject(), err)
 		w.whole = false
-		if err := feed.Apply(ctx, w.name, true, []index.Op{{Kind: index.OpClearWorker}}); err != nil {
+		if err := feed.Apply(ctx, w.name, true, []index.Op{{Kind: index.OpClearWorker}}); errors.Is(err, kvpipe.ErrNameTaken) {
+			return nil // not ours to clear
+		} else if err != nil {
 			return err
 		}
 		f.fed[w.name] = true
@@ -330,7 +332,12 @@ func (f *Follower) handle(ctx context.Context, feed *kvpipe.Feed, workers map[st
 			removed = true
 		}
 	}
-	if err := feed.Apply(ctx, w.name, partial || !w.whole, ops); err != nil {
+	if err := feed.Apply(ctx, w.name, partial || !w.whole, ops); errors.Is(err, kvpipe.ErrNameTaken) {
+		// The router's own engine worker has the name: its ops are not
+		// the relay's to change, and the stream goes on past them.
+		f.badMessage(seq, msg.Subject(), err)
+		return nil
+	} else if err != nil {
 		return err
 	}
 	f.stats.applied.Add(1)
@@ -440,12 +447,17 @@ func (f *Follower) applySnapshot(ctx context.Context, feed *kvpipe.Feed, snap *s
 		// In parts of at most a shard batch; partial until the last.
 		for ops := f.ops; len(ops) > 0; {
 			n := min(len(ops), 256)
-			if err := feed.Apply(ctx, name, w.Partial || n < len(ops), ops[:n]); err != nil {
+			err := feed.Apply(ctx, name, w.Partial || n < len(ops), ops[:n])
+			if errors.Is(err, kvpipe.ErrNameTaken) {
+				f.warn.Warn("snapshot worker skipped", "worker", name, "err", err)
+				break // its messages are skipped as well (handle)
+			}
+			if err != nil {
 				return err
 			}
 			ops = ops[n:]
+			f.fed[name] = true
 		}
-		f.fed[name] = true
 		// An absent worker's entries up to base are not in the snapshot:
 		// partial until the relay clears it (starting it afresh).
 		workers[f.set.Subject(name)] = &followed{name: name, covered: max(w.StreamSeq, base), whole: !w.Absent}

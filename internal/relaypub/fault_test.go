@@ -847,3 +847,37 @@ func TestStreamRemadeUnderARunningRouter(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// A router whose own engine worker has the name of one of the stream's
+// workers skips that worker's messages, counted as bad, and follows the
+// others: the run goes on (it used to end at that message, and every run
+// after it, for good).
+func TestStreamWorkerNamedAsTheRoutersOwn(t *testing.T) {
+	t.Parallel()
+	_, js := startServer(t)
+	s := testSettings()
+	r := startRouter(t, js, s)
+	if err := r.p.AddWorker("a", kvpipe.WorkerConfig{Endpoint: "tcp://127.0.0.1:1"}); err != nil {
+		t.Fatal(err)
+	}
+	a, b := newEngine(t, "a"), newEngine(t, "b")
+	reqs := trace(200, 10)
+	rr := startRelay(t, js, relayConfig(s), a, b)
+	b.serve(reqs[100:])
+	relayed(t, rr, b)
+	caughtUp(t, js, s, r)
+	runs := r.f.Stats().Runs
+	a.serve(reqs[:100])
+	relayed(t, rr, a, b)
+	caughtUp(t, js, s, r)
+	fs := r.f.Stats()
+	if fs.BadMessages == 0 || fs.Runs != runs {
+		t.Errorf("router %+v: want worker a's messages skipped as bad, in the run that was going (%d)", fs, runs)
+	}
+	if err := exact(r.p, b); err != nil {
+		t.Error(err)
+	}
+	if w, ok := r.p.Stats().Worker("a"); !ok || w.Actor.IndexedBlocks != 0 {
+		t.Errorf("the router's own worker a: %+v, want it holding nothing of the stream's", w.Actor)
+	}
+}
