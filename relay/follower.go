@@ -48,7 +48,12 @@ type Follower struct {
 	ops      []index.Op
 	warn     *pace.Warner
 	lastSeen uint64 // the stream sequence of the last message handled in this run
+	lastGap  gap    // where the last run that ended on a gap found it
 }
+
+// gap is where a run found the stream skip: the sequence it expected and
+// the one delivered.
+type gap struct{ next, got uint64 }
 
 // FollowerStats are a follower's counters.
 type FollowerStats struct {
@@ -57,9 +62,12 @@ type FollowerStats struct {
 	Duplicates uint64 // messages at or before the last one handled (a consumer resumed): dropped
 	// BadMessages could not be decoded (their worker was cleared, and is
 	// Partial until a clear in the stream); Gaps are runs ended because the
-	// stream no longer held the next message; StreamsRemade runs ended
-	// because the stream was deleted and made again under them.
-	BadMessages, Gaps, StreamsRemade uint64
+	// stream no longer held the next message; Holes are gaps found again by
+	// the run after (the stream lacks those messages for good: a deleted
+	// message, a purged subject), gone past with every worker cleared;
+	// StreamsRemade runs ended because the stream was deleted and made
+	// again under them.
+	BadMessages, Gaps, Holes, StreamsRemade uint64
 	// SnapshotsLoaded and SnapshotsRefused count the snapshots each run
 	// found; RefusedReason says why the last refused one was.
 	SnapshotsLoaded, SnapshotsRefused uint64
@@ -70,9 +78,9 @@ type FollowerStats struct {
 }
 
 type followerCounters struct {
-	applied, skipped, duplicates, bad, gaps, remade atomic.Uint64
-	loaded, refused, runs                           atomic.Uint64
-	lastApplied, lag                                atomic.Uint64
+	applied, skipped, duplicates, bad, gaps, holes, remade atomic.Uint64
+	loaded, refused, runs                                  atomic.Uint64
+	lastApplied, lag                                       atomic.Uint64
 }
 
 // Stats returns the follower's counters; any goroutine may call it.
@@ -82,7 +90,7 @@ func (f *Follower) Stats() FollowerStats {
 	reason := f.reason
 	f.mu.Unlock()
 	return FollowerStats{Applied: c.applied.Load(), Skipped: c.skipped.Load(), Duplicates: c.duplicates.Load(),
-		BadMessages: c.bad.Load(), Gaps: c.gaps.Load(), StreamsRemade: c.remade.Load(), SnapshotsLoaded: c.loaded.Load(), SnapshotsRefused: c.refused.Load(),
+		BadMessages: c.bad.Load(), Gaps: c.gaps.Load(), Holes: c.holes.Load(), StreamsRemade: c.remade.Load(), SnapshotsLoaded: c.loaded.Load(), SnapshotsRefused: c.refused.Load(),
 		RefusedReason: reason, Runs: c.runs.Load(), LastApplied: c.lastApplied.Load(), Lag: c.lag.Load()}
 }
 
@@ -256,15 +264,22 @@ func (f *Follower) consume(ctx context.Context, feed *kvpipe.Feed, stream jetstr
 			continue
 		}
 		if seq != fl.next {
-			if !first || fl.fromSnapshot {
+			switch g := (gap{fl.next, seq}); {
+			case first && !fl.fromSnapshot:
+				// Trimmed between reading the stream's state and the
+				// consumer's start: the history is not whole after all.
+				fl.defaultWhole = false
+				for _, w := range fl.workers {
+					w.whole = false
+				}
+			case g != f.lastGap:
 				f.stats.gaps.Add(1)
+				f.lastGap = g // the next run, from the snapshot, may find them
 				return fmt.Errorf("%w: next was %d, the stream delivered %d", errGap, fl.next, seq)
-			}
-			// Trimmed between reading the stream's state and the
-			// consumer's start: the history is not whole after all.
-			fl.defaultWhole = false
-			for _, w := range fl.workers {
-				w.whole = false
+			default:
+				if err := f.passHole(ctx, feed, fl, g); err != nil {
+					return err
+				}
 			}
 		}
 		first = false
@@ -274,6 +289,26 @@ func (f *Follower) consume(ctx context.Context, feed *kvpipe.Feed, stream jetstr
 		}
 		f.stats.lastApplied.Store(seq)
 	}
+}
+
+// passHole goes on past messages the stream lacks for good (the run
+// before found the same gap): their subjects are unknown, so every worker
+// may have lost ops, removes among them. Each is cleared, partial until a
+// clear of its own in the stream, and so is any worker first seen after.
+func (f *Follower) passHole(ctx context.Context, feed *kvpipe.Feed, fl *following, g gap) error {
+	f.stats.holes.Add(1)
+	f.log.Warn("kvpipe/relay: the stream lacks messages for good: every worker cleared, partial until the relay clears it",
+		"from", g.next, "to", g.got-1)
+	for name := range f.fed {
+		if err := feed.Apply(ctx, name, true, []index.Op{{Kind: index.OpClearWorker}}); err != nil && !errors.Is(err, kvpipe.ErrNameTaken) {
+			return err
+		}
+	}
+	for _, w := range fl.workers {
+		w.whole = false
+	}
+	fl.defaultWhole = false
+	return nil
 }
 
 // sameStream returns errRemade, counted, if the stream is not the one made

@@ -19,6 +19,7 @@ func newFollowerCollector(stats func() FollowerStats) prometheus.Collector {
 		counter("follower_duplicates_total", "Messages at or before the last one handled: dropped.", func(s *FollowerStats) uint64 { return s.Duplicates }),
 		counter("follower_bad_messages_total", "Messages that could not be decoded.", func(s *FollowerStats) uint64 { return s.BadMessages }),
 		counter("follower_gaps_total", "Runs ended because the stream no longer held the next message.", func(s *FollowerStats) uint64 { return s.Gaps }),
+		counter("follower_holes_total", "Gaps the stream lacks for good, gone past with every worker cleared.", func(s *FollowerStats) uint64 { return s.Holes }),
 		counter("follower_streams_remade_total", "Runs ended because the stream was deleted and made again under them.", func(s *FollowerStats) uint64 { return s.StreamsRemade }),
 		counter("follower_snapshots_loaded_total", "Snapshots a run started from.", func(s *FollowerStats) uint64 { return s.SnapshotsLoaded }),
 		counter("follower_snapshots_refused_total", "Snapshots refused.", func(s *FollowerStats) uint64 { return s.SnapshotsRefused }),

@@ -29,7 +29,7 @@ kvpipe_relay_follower_lag 4
 	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) != 0 {
 		t.Errorf("lint: %v %v", err, problems)
 	}
-	if n := testutil.CollectAndCount(reg); n != 11 {
-		t.Errorf("%d metrics, want 11", n)
+	if n := testutil.CollectAndCount(reg); n != 12 {
+		t.Errorf("%d metrics, want 12", n)
 	}
 }

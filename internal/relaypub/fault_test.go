@@ -881,3 +881,47 @@ func TestStreamWorkerNamedAsTheRoutersOwn(t *testing.T) {
 		t.Errorf("the router's own worker a: %+v, want it holding nothing of the stream's", w.Actor)
 	}
 }
+
+// A message deleted from the middle of the stream (an operator's
+// DeleteMsg, a purged subject) is a gap no run can fill: the router's run
+// ends on it once, as on any gap, and the next, finding it again, goes on
+// past it with every worker cleared and partial (the lost message's
+// worker is unknown, its removes among the ops lost), never claiming a
+// block its engine dropped. It used to start over at that gap forever.
+func TestStreamHoleIsGonePast(t *testing.T) {
+	t.Parallel()
+	_, js := startServer(t)
+	s := testSettings()
+	a := newEngine(t, "a")
+	reqs := trace(200, 11)
+	rr := startRelay(t, js, relayConfig(s), a)
+	a.serve(reqs)
+	relayed(t, rr, a)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := js.Stream(ctx, s.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.DeleteMsg(ctx, 5); err != nil {
+		t.Fatal(err)
+	}
+	last := streamState(t, js, s).LastSeq
+	r := startRouter(t, js, s)
+	eventually(t, "the router past the hole, or starting over", func() error {
+		if fs := r.f.Stats(); fs.LastApplied < last && fs.Runs <= 5 {
+			return fmt.Errorf("%+v", fs)
+		}
+		return nil
+	})
+	if fs := r.f.Stats(); fs.Gaps != 1 || fs.Holes != 1 || fs.Runs > 3 {
+		t.Fatalf("router %+v: want one gap, gone past the second time", fs)
+	}
+	caughtUp(t, js, s, r) // and its shards have applied it
+	if err := sound(r.p, a); err != nil {
+		t.Error(err)
+	}
+	if w, ok := r.p.Stats().Worker("a"); !ok || !w.Actor.Partial {
+		t.Errorf("router's worker a: %+v, want it partial", w.Actor)
+	}
+}
