@@ -358,13 +358,15 @@ func (f *Follower) handle(ctx context.Context, feed *kvpipe.Feed, workers map[st
 		f.fed[w.name] = true
 		return nil
 	}
-	removed := false
-	for _, op := range ops {
+	removed := -1 // the last OpRemoveWorker's index
+	for i, op := range ops {
 		switch op.Kind {
 		case index.OpClearWorker:
 			w.whole = true // from here on its entries are the relay's
 		case index.OpRemoveWorker:
-			removed = true
+			// Gone on the relay; added again, it starts from nothing
+			// there and here alike.
+			removed, w.covered, w.whole = i, 0, true
 		}
 	}
 	if err := feed.Apply(ctx, w.name, partial || !w.whole, ops); errors.Is(err, kvpipe.ErrNameTaken) {
@@ -376,12 +378,9 @@ func (f *Follower) handle(ctx context.Context, feed *kvpipe.Feed, workers map[st
 		return err
 	}
 	f.stats.applied.Add(1)
-	if removed {
-		// Gone on the relay; added again, it starts from nothing there
-		// and here alike.
+	if removed >= 0 && removed == len(ops)-1 {
 		delete(f.fed, w.name)
-		w.covered, w.whole = 0, true
-	} else {
+	} else { // fed, or removed and made again by the ops after (Feed.Apply)
 		f.fed[w.name] = true
 	}
 	return nil
