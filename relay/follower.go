@@ -312,11 +312,16 @@ func (f *Follower) passHole(ctx context.Context, feed *kvpipe.Feed, fl *followin
 }
 
 // sameStream returns errRemade, counted, if the stream is not the one made
-// at created.
+// at created. One it cannot ask about (the server restarting, the stream
+// not made again yet) is asked about at the next check: the consumer rides
+// out NATS trouble on its own, and a run ended for it would apply the
+// stream again.
 func (f *Follower) sameStream(ctx context.Context, stream jetstream.Stream, created time.Time) error {
+	ctx, cancel := context.WithTimeout(ctx, streamCheck)
+	defer cancel()
 	info, err := stream.Info(ctx)
 	if err != nil {
-		return fmt.Errorf("relay: stream %s: %w", f.set.Stream, err)
+		return nil
 	}
 	if !info.Created.Equal(created) {
 		f.stats.remade.Add(1)
