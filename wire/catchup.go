@@ -241,9 +241,9 @@ func (c *replayCall) result() result {
 }
 
 // backOff waits out the backoff before a failed replay is sent again,
-// holding live batches and running Checkpoint calls meanwhile. It reports false when the replay should
-// give up: ctx ended, or the failures have lasted past the purpose's
-// patience.
+// holding live batches and running Checkpoint calls meanwhile. It reports
+// false when the replay should give up: ctx ended, or the failures have
+// lasted past the purpose's patience.
 func (c *replayCall) backOff(ctx context.Context) bool {
 	s := c.s
 	now := time.Now()

@@ -78,9 +78,9 @@ type snapshotCall struct {
 
 // takeSnapshot fetches the engine's snapshot into h, holding live
 // batches meanwhile (and serving Checkpoint until its header), and
-// positions the stream at the snapshot's barrier. A
-// failed snapshot is counted; the worker stays partial, cleared if the
-// failure came after the header. It returns false only when ctx ended.
+// positions the stream at the snapshot's barrier. A failed snapshot is
+// counted; the worker stays partial, cleared if the failure came after the
+// header. It returns false only when ctx ended.
 func (s *Subscriber) takeSnapshot(ctx context.Context, sub *zsock.Receiver, h Handler) bool {
 	s.needSnapshot = false
 	c := &snapshotCall{s: s, h: h, talk: snapshotTalk{epoch: s.epoch}}
