@@ -264,22 +264,8 @@ func (f *Follower) consume(ctx context.Context, feed *kvpipe.Feed, stream jetstr
 			continue
 		}
 		if seq != fl.next {
-			switch g := (gap{fl.next, seq}); {
-			case first && !fl.fromSnapshot:
-				// Trimmed between reading the stream's state and the
-				// consumer's start: the history is not whole after all.
-				fl.defaultWhole = false
-				for _, w := range fl.workers {
-					w.whole = false
-				}
-			case g != f.lastGap:
-				f.stats.gaps.Add(1)
-				f.lastGap = g // the next run, from the snapshot, may find them
-				return fmt.Errorf("%w: next was %d, the stream delivered %d", errGap, fl.next, seq)
-			default:
-				if err := f.passHole(ctx, feed, fl, g); err != nil {
-					return err
-				}
+			if err := f.skipped(ctx, feed, fl, seq, first); err != nil {
+				return err
 			}
 		}
 		first = false
@@ -289,6 +275,29 @@ func (f *Follower) consume(ctx context.Context, feed *kvpipe.Feed, stream jetstr
 		}
 		f.stats.lastApplied.Store(seq)
 	}
+}
+
+// skipped handles a message at seq past fl.next: the stream trimmed before
+// the first message of a run without a snapshot (its workers are then not
+// whole), a gap (errGap: the next run may find the messages, from the
+// snapshot), or the gap the run before ended on (passHole).
+func (f *Follower) skipped(ctx context.Context, feed *kvpipe.Feed, fl *following, seq uint64, first bool) error {
+	switch g := (gap{fl.next, seq}); {
+	case first && !fl.fromSnapshot:
+		// Trimmed between reading the stream's state and the consumer's
+		// start: the history is not whole after all.
+		fl.defaultWhole = false
+		for _, w := range fl.workers {
+			w.whole = false
+		}
+	case g != f.lastGap:
+		f.stats.gaps.Add(1)
+		f.lastGap = g
+		return fmt.Errorf("%w: next was %d, the stream delivered %d", errGap, fl.next, seq)
+	default:
+		return f.passHole(ctx, feed, fl, g)
+	}
+	return nil
 }
 
 // passHole goes on past messages the stream lacks for good (the run

@@ -108,14 +108,10 @@ func (c *snapshotCall) replies(ctx context.Context, sub, r *zsock.Receiver) bool
 	defer timer.Stop()
 	var live <-chan zmq4.Msg = sub.Msgs
 	for {
-		calls := s.calls // until the header: once begun, the handler is mid-snapshot
-		if t.begun {
-			calls = nil
-		}
 		var m zmq4.Msg
 		var ok bool
 		select {
-		case call := <-calls:
+		case call := <-c.checkpoints():
 			call()
 			continue
 		case <-ctx.Done():
@@ -185,6 +181,15 @@ func (q *liveQueue) resumeAfter(seq *seqTracker, barrier uint64) {
 	}
 	clear(q.frames[len(kept):])
 	q.frames = kept
+}
+
+// checkpoints is where Checkpoint calls come while the snapshot is read:
+// until its header; once begun, the handler is mid-snapshot.
+func (c *snapshotCall) checkpoints() <-chan func() {
+	if c.talk.begun {
+		return nil
+	}
+	return c.s.calls
 }
 
 func (c *snapshotCall) failed(step string, err error) {
