@@ -12,6 +12,7 @@ import (
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/natstest"
 	"github.com/kvpipe/kvpipe/internal/opstream"
+	"github.com/kvpipe/kvpipe/internal/sim"
 	"github.com/kvpipe/kvpipe/internal/snapshot"
 	"github.com/kvpipe/kvpipe/metrics"
 	"github.com/kvpipe/kvpipe/relay"
@@ -533,18 +534,7 @@ func TestStreamDeletedUnderARunningRelay(t *testing.T) {
 		}
 		return nil
 	})
-	if err := js.DeleteStream(ctx, s.Stream); err != nil {
-		t.Fatal(err)
-	}
-	a.serve(reqs[150:250])
-	eventually(t, "the relay started again on the new stream", func() error {
-		if rr.Stats().StreamChanges == 0 {
-			return fmt.Errorf("%+v", rr.Stats())
-		}
-		return nil
-	})
-	a.serve(reqs[250:])
-	relayed(t, rr, a)
+	remakeStream(t, js, s, rr, a, reqs[150:250], reqs[250:])
 	p := rr.Pipeline()
 	if p == nil {
 		t.Fatal("the relay stopped on the new stream")
@@ -819,20 +809,7 @@ func TestStreamRemadeUnderARunningRouter(t *testing.T) {
 	relayed(t, rr, a)
 	caughtUp(t, js, s, r)
 	runs := r.f.Stats().Runs
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := js.DeleteStream(ctx, s.Stream); err != nil {
-		t.Fatal(err)
-	}
-	a.serve(reqs[150:250])
-	eventually(t, "the relay started again on the new stream", func() error {
-		if rr.Stats().StreamChanges == 0 {
-			return fmt.Errorf("%+v", rr.Stats())
-		}
-		return nil
-	})
-	a.serve(reqs[250:])
-	relayed(t, rr, a)
+	remakeStream(t, js, s, rr, a, reqs[150:250], reqs[250:])
 	eventually(t, "the router on the new stream", func() error {
 		if fs := r.f.Stats(); fs.StreamsRemade == 0 || fs.Runs == runs {
 			return fmt.Errorf("%+v", fs)
@@ -924,4 +901,25 @@ func TestStreamHoleIsGonePast(t *testing.T) {
 	if w, ok := r.p.Stats().Worker("a"); !ok || !w.Actor.Partial {
 		t.Errorf("router's worker a: %+v, want it partial", w.Actor)
 	}
+}
+
+// remakeStream deletes the stream under the running relay rr while a
+// serves during (the relay makes it again and starts over on it), then
+// serves after, relayed.
+func remakeStream(t *testing.T, js jetstream.JetStream, s relay.Settings, rr *running, a *engine, during, after []sim.Request) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := js.DeleteStream(ctx, s.Stream); err != nil {
+		t.Fatal(err)
+	}
+	a.serve(during)
+	eventually(t, "the relay started again on the new stream", func() error {
+		if rr.Stats().StreamChanges == 0 {
+			return fmt.Errorf("%+v", rr.Stats())
+		}
+		return nil
+	})
+	a.serve(after)
+	relayed(t, rr, a)
 }
