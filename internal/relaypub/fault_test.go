@@ -526,8 +526,6 @@ func TestStreamDeletedUnderARunningRelay(t *testing.T) {
 	}))
 	a.serve(reqs[:150])
 	relayed(t, rr, a)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
 	eventually(t, "a snapshot", func() error {
 		if rr.Stats().Snapshots == 0 {
 			return fmt.Errorf("none")
@@ -557,7 +555,7 @@ func TestStreamDeletedUnderARunningRelay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel = context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	info, err := js.Stream(ctx, s.Stream)
 	if err != nil {
