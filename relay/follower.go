@@ -214,10 +214,8 @@ func (f *Follower) start(ctx context.Context, feed *kvpipe.Feed, stream jetstrea
 	}
 	// Nothing of an earlier run may stay: the stream rebuilds what it
 	// can, from its first message.
-	for name := range f.fed {
-		if err := feed.Apply(ctx, name, true, []index.Op{{Kind: index.OpClearWorker}}); err != nil && !errors.Is(err, kvpipe.ErrNameTaken) {
-			return nil, err
-		}
+	if err := f.clearFed(ctx, feed); err != nil {
+		return nil, err
 	}
 	if !fl.defaultWhole {
 		f.log.Warn("kvpipe/relay: following the stream without a snapshot from a point after its start: workers are partial until their engines clear",
@@ -308,15 +306,21 @@ func (f *Follower) passHole(ctx context.Context, feed *kvpipe.Feed, fl *followin
 	f.stats.holes.Add(1)
 	f.log.Warn("kvpipe/relay: the stream lacks messages for good: every worker cleared, partial until the relay clears it",
 		"from", g.next, "to", g.got-1)
+	for _, w := range fl.workers {
+		w.whole = false
+	}
+	fl.defaultWhole = false
+	return f.clearFed(ctx, feed)
+}
+
+// clearFed clears every worker the follower has fed, but one whose name
+// the router's own engine worker has taken since (not the follower's).
+func (f *Follower) clearFed(ctx context.Context, feed *kvpipe.Feed) error {
 	for name := range f.fed {
 		if err := feed.Apply(ctx, name, true, []index.Op{{Kind: index.OpClearWorker}}); err != nil && !errors.Is(err, kvpipe.ErrNameTaken) {
 			return err
 		}
 	}
-	for _, w := range fl.workers {
-		w.whole = false
-	}
-	fl.defaultWhole = false
 	return nil
 }
 

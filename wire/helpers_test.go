@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -214,9 +215,6 @@ func (r *recorder) HandleEngineSnapshot(chunk []byte) {}
 func (r *recorder) HandleEngineSnapshotEnd(ok bool)   {}
 func (r *recorder) HandleIdle() bool                  { return false }
 
-// endOfReplay is the seq frame of a replay answer's end marker.
-var endOfReplay = []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
-
 // fakeRouter binds a bare zmq4 ROUTER to ep, an engine's replay socket as
 // a test writes it: serve gets each request, on the ROUTER's goroutine,
 // until the test ends, which closes the socket and waits for that goroutine.
@@ -246,6 +244,18 @@ func fakeRouter(t *testing.T, ep string, serve func(router zmq4.Socket, req zmq4
 	})
 }
 
+// silentPeer is a TCP endpoint that takes connections and never speaks (a
+// hung engine): the kernel accepts them, nobody reads or writes.
+func silentPeer(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return "tcp://" + l.Addr().String()
+}
+
 // stallingRouter is a fakeRouter that answers every request with an empty
 // buffer until stall is called, and from then on none: it hands them to
 // asked instead (a hung engine's ROUTER, which takes requests and answers
@@ -256,7 +266,7 @@ func stallingRouter(t *testing.T, ep string) (stall func(), asked <-chan zmq4.Ms
 	reqs := make(chan zmq4.Msg, 64)
 	fakeRouter(t, ep, func(router zmq4.Socket, m zmq4.Msg) {
 		if !stalled.Load() {
-			router.Send(zmq4.NewMsgFrom(m.Frames[0], nil, endOfReplay, nil))
+			router.Send(zmq4.NewMsgFrom(m.Frames[0], nil, seqBytes(endMarker), nil))
 			return
 		}
 		select {

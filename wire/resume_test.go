@@ -2,8 +2,6 @@ package wire
 
 import (
 	"context"
-	"net"
-	"strings"
 	"testing"
 	"time"
 
@@ -115,21 +113,11 @@ func TestCheckpointWaitsForRun(t *testing.T) {
 // a Checkpoint meanwhile is answered at once, not after it (a snapshot
 // of every worker would wait for the hung one).
 func TestCheckpointAnsweredWhileAHandshakeHangs(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	s, err := NewSubscriber(Config{Endpoint: "tcp://" + l.Addr().String(), Options: Options{HandshakeTimeout: time.Hour}})
+	s, err := NewSubscriber(Config{Endpoint: silentPeer(t), Options: Options{HandshakeTimeout: time.Hour}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	runSubscriber(t, s)
-	c, err := l.Accept() // the dial is in its handshake now, and stays there
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := s.Checkpoint(ctx, func() {}); err != nil {
@@ -175,22 +163,17 @@ func TestCheckpointAnsweredWhileAReplayWaits(t *testing.T) {
 func TestCheckpointAnsweredWhileAnEngineSnapshotWaits(t *testing.T) {
 	for _, c := range []struct {
 		name string
-		peer func(t *testing.T, ep string)
+		peer func(t *testing.T) string // the snapshot endpoint
 	}{
-		{"handshake hangs", func(t *testing.T, ep string) {
-			l, err := net.Listen("tcp", strings.TrimPrefix(ep, "tcp://"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { l.Close() }) // the kernel accepts; nobody speaks
-		}},
-		{"no header", func(t *testing.T, ep string) {
+		{"handshake hangs", silentPeer},
+		{"no header", func(t *testing.T) string {
+			ep := freeTCP(t)
 			fakeRouter(t, ep, func(zmq4.Socket, zmq4.Msg) {})
+			return ep
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			ep, snap := freeTCP(t), freeTCP(t)
-			c.peer(t, snap)
+			ep, snap := freeTCP(t), c.peer(t)
 			pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep})
 			defer pub.Close()
 			s, rec := startSubscriber(t, Config{Endpoint: ep, SnapshotEndpoint: snap,

@@ -364,7 +364,11 @@ func (s *Subscriber) Run(ctx context.Context, h Handler) error {
 	defer s.replay.close()
 	backoff := pace.Backoff{Min: s.cfg.ReconnectMin, Max: s.cfg.ReconnectMax}
 	for connectedBefore := false; ; {
-		sub, err := s.connectServing(ctx)
+		var sub *zsock.Receiver
+		var err error
+		// Checkpoint is served while it dials: a peer that accepts and never
+		// speaks (a hung engine) holds a dial for HandshakeTimeout.
+		s.serving(func() { sub, err = s.connect(ctx) })
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -392,14 +396,6 @@ func (s *Subscriber) Run(ctx context.Context, h Handler) error {
 			return ctx.Err()
 		}
 	}
-}
-
-// connectServing is connect, serving Checkpoint calls while it dials: a
-// peer that accepts and never speaks (a hung engine) holds a dial for
-// HandshakeTimeout, and a snapshot must not wait for it.
-func (s *Subscriber) connectServing(ctx context.Context) (sub *zsock.Receiver, err error) {
-	s.serving(func() { sub, err = s.connect(ctx) })
-	return sub, err
 }
 
 // serving runs f on a goroutine of its own and serves Checkpoint calls

@@ -376,7 +376,7 @@ func TestReplayWithAHoleAsksAgain(t *testing.T) {
 			}
 			round++
 		}
-		router.Send(zmq4.NewMsgFrom(m.Frames[0], nil, endOfReplay, nil))
+		router.Send(zmq4.NewMsgFrom(m.Frames[0], nil, seqBytes(endMarker), nil))
 	})
 
 	s, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: replay, Options: Options{TailCheck: -1}})
