@@ -2,13 +2,16 @@ package serve
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"sync"
 
+	"connectrpc.com/connect"
 	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1"
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/encoding/protowire"
 	protobuf "google.golang.org/protobuf/proto"
 )
@@ -40,15 +43,92 @@ func (c *matchCodec) Name() string { return proto.Name }
 func (c *matchCodec) Marshal(v any) (mem.BufferSlice, error) { return c.proto.Marshal(v) }
 
 func (c *matchCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	r, ok := v.(*kvpipev1.MatchRequest)
-	if !ok {
+	switch v.(type) {
+	case *kvpipev1.MatchRequest, *kvpipev1.MatchBatchRequest:
+	default:
 		return c.proto.Unmarshal(data, v)
 	}
 	// A request comes in pieces (a piece a frame read): joined in a buffer
 	// of grpc-go's pool, not a new one.
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
-	return unmarshalMatchRequest(buf.ReadOnlyData(), r, &c.keys)
+	b, m := buf.ReadOnlyData(), v.(protobuf.Message)
+	if n, _ := countProto(b, m); !n.within() {
+		refusedStandIn(m, n)
+		return nil
+	}
+	if r, ok := v.(*kvpipev1.MatchRequest); ok {
+		return unmarshalMatchRequest(b, r, &c.keys)
+	}
+	return protobuf.Unmarshal(b, m)
+}
+
+// connectProto is connect's protobuf codec, but a match message is
+// counted before it is decoded (decodeCount).
+type connectProto struct{}
+
+func (connectProto) Name() string { return proto.Name }
+
+func (connectProto) Marshal(v any) ([]byte, error) { return connectProto{}.MarshalAppend(nil, v) }
+
+// MarshalAppend lets connect marshal into a buffer of its own pool.
+func (connectProto) MarshalAppend(dst []byte, v any) ([]byte, error) {
+	m, err := asProto(v)
+	if err != nil {
+		return nil, err
+	}
+	return protobuf.MarshalOptions{}.MarshalAppend(dst, m)
+}
+
+func (connectProto) Unmarshal(b []byte, v any) error {
+	m, err := asProto(v)
+	if err != nil {
+		return err
+	}
+	return decodeWithin(b, m, countProto, func(b []byte, m protobuf.Message) error { return protobuf.Unmarshal(b, m) })
+}
+
+// connectJSON is connect's JSON codec (under name, one of the two content
+// types connect knows it by), with match messages counted first.
+type connectJSON struct{ name string }
+
+func (c connectJSON) Name() string { return c.name }
+
+func (c connectJSON) Marshal(v any) ([]byte, error) { return c.MarshalAppend(nil, v) }
+
+func (connectJSON) MarshalAppend(dst []byte, v any) ([]byte, error) {
+	m, err := asProto(v)
+	if err != nil {
+		return nil, err
+	}
+	return protojson.MarshalOptions{}.MarshalAppend(dst, m)
+}
+
+// Unmarshal leaves unknown fields out, as connect's own does: a client of
+// a newer schema is still answered.
+func (connectJSON) Unmarshal(b []byte, v any) error {
+	m, err := asProto(v)
+	if err != nil {
+		return err
+	}
+	if len(b) == 0 {
+		return errors.New("an empty body is not a JSON object")
+	}
+	return decodeWithin(b, m, countJSON, protojson.UnmarshalOptions{DiscardUnknown: true}.Unmarshal)
+}
+
+// connectCodecs are the codecs of the main port's Connect handler.
+func connectCodecs() []connect.HandlerOption {
+	return []connect.HandlerOption{connect.WithCodec(connectProto{}),
+		connect.WithCodec(connectJSON{"json"}), connect.WithCodec(connectJSON{"json; charset=utf-8"})}
+}
+
+func asProto(v any) (protobuf.Message, error) {
+	m, ok := v.(protobuf.Message)
+	if !ok {
+		return nil, fmt.Errorf("%T is not a protobuf message", v)
+	}
+	return m, nil
 }
 
 // unmarshalMatchRequest is protobuf's unmarshal of b into r, but with the

@@ -196,3 +196,43 @@ func FuzzHandler(f *testing.F) {
 		}
 	})
 }
+
+// The counts taken before decoding are the decoded message's, for every
+// match message that decodes, in binary and in JSON; none panics.
+func FuzzDecodeCounts(f *testing.F) {
+	mm := []*kvpipev1.MultiModal{{Hash: "a{", Offset: 1, Length: 2}, {}}
+	for _, m := range []proto.Message{
+		&kvpipev1.MatchRequest{Tokens: chainTokens(1, 2), Multimodal: mm, Salt: `"{`},
+		&kvpipev1.MatchBatchRequest{Requests: []*kvpipev1.MatchRequest{{}, {Multimodal: mm}, {LoraName: `\"}`}}},
+	} {
+		_, batch := m.(*kvpipev1.MatchBatchRequest)
+		bin, _ := proto.Marshal(m)
+		f.Add(bin, false, batch)
+		js, _ := protojson.Marshal(m)
+		f.Add(js, true, batch)
+	}
+	f.Fuzz(func(t *testing.T, data []byte, asJSON, batch bool) {
+		var m proto.Message = &kvpipev1.MatchRequest{}
+		if batch {
+			m = &kvpipev1.MatchBatchRequest{}
+		}
+		count, decode := countProto, proto.Unmarshal
+		if asJSON {
+			count, decode = countJSON, protojson.Unmarshal
+		}
+		got, _ := count(data, m)
+		if decode(data, m) != nil {
+			return
+		}
+		var want decodeCount
+		switch m := m.(type) {
+		case *kvpipev1.MatchRequest:
+			want.multimodal = len(m.Multimodal)
+		case *kvpipev1.MatchBatchRequest:
+			want = decodeCount{requests: len(m.Requests), multimodal: multimodalIn(m)}
+		}
+		if got != want {
+			t.Fatalf("counted %+v, decoded %+v", got, want)
+		}
+	})
+}

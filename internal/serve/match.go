@@ -14,8 +14,9 @@ import (
 	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1"
 )
 
-// maxBatch bounds a MatchBatch's requests (each is bounded on its own, and
-// the message by MaxMessageBytes).
+// maxBatch bounds a MatchBatch's requests (each is bounded on its own, the
+// message by MaxMessageBytes, and its multimodal inputs in all by
+// maxMessageMultiModal).
 const maxBatch = 4096
 
 func (s *service) Match(ctx context.Context, req *connect.Request[kvpipev1.MatchRequest]) (*connect.Response[kvpipev1.MatchResponse], error) {
@@ -37,7 +38,11 @@ func (s *service) MatchBatch(ctx context.Context, req *connect.Request[kvpipev1.
 func (s *service) matchBatch(ctx context.Context, h http.Header, r *kvpipev1.MatchBatchRequest) (*kvpipev1.MatchBatchResponse, error) {
 	if len(r.Requests) > maxBatch {
 		s.guard.refused("invalid_argument")
-		return nil, invalid("match batch: %d requests, more than the limit of %d: split it", len(r.Requests), maxBatch)
+		return nil, invalid("match batch: more than the limit of %d requests: split it", maxBatch)
+	}
+	if n := multimodalIn(r); n > maxMessageMultiModal {
+		s.guard.refused("invalid_argument")
+		return nil, invalid("match batch: more than the limit of %d multimodal inputs in all: split it", maxMessageMultiModal)
 	}
 	out := &kvpipev1.MatchBatchResponse{Responses: make([]*kvpipev1.MatchResponse, len(r.Requests))}
 	for i, q := range r.Requests {
@@ -48,6 +53,14 @@ func (s *service) matchBatch(ctx context.Context, h http.Header, r *kvpipev1.Mat
 		out.Responses[i] = a
 	}
 	return out, nil
+}
+
+func multimodalIn(r *kvpipev1.MatchBatchRequest) int {
+	n := 0
+	for _, q := range r.Requests {
+		n += len(q.GetMultimodal())
+	}
+	return n
 }
 
 // refusedInPlace is match's answer to one request of many: a refusal goes

@@ -144,9 +144,9 @@ func (s *Server) Handler() http.Handler { return s.handler }
 
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
-	path, h := kvpipev1connect.NewIndexServiceHandler(s.svc,
-		connect.WithInterceptors(s.svc.guard.interceptor()), connect.WithReadMaxBytes(s.cfg.MaxMessageBytes),
-		connect.WithCompressMinBytes(compressMinBytes))
+	opts := append(connectCodecs(), connect.WithInterceptors(s.svc.guard.interceptor()),
+		connect.WithReadMaxBytes(s.cfg.MaxMessageBytes), connect.WithCompressMinBytes(compressMinBytes))
+	path, h := kvpipev1connect.NewIndexServiceHandler(s.svc, opts...)
 	mux.Handle(path, h)
 	s.restRoutes(mux)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -54,7 +54,7 @@ func (l limits) checkMatch(r *kvpipev1.MatchRequest) error {
 	case len(r.Salt) > maxSalt:
 		return invalid("match: salt of %d bytes, more than %d", len(r.Salt), maxSalt)
 	case len(r.Multimodal) > maxMultiModal:
-		return invalid("match: %d multimodal inputs, more than %d", len(r.Multimodal), maxMultiModal)
+		return invalid("match: more than %d multimodal inputs", maxMultiModal)
 	}
 	if r.RoutedTo != "" {
 		if err := checkName(r.RoutedTo); err != nil {

@@ -1,0 +1,180 @@
+package serve
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"runtime"
+	"strings"
+	"testing"
+
+	"connectrpc.com/connect"
+	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1"
+	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1/kvpipev1connect"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+)
+
+// oversize is a match message that holds more objects than any request
+// answered, in both encodings, with the words its refusal says.
+type oversize struct {
+	what, says string
+	msg        proto.Message
+	json       string // written here: protojson's encoding costs the client more than the server
+}
+
+// oversizeMatches are oversize messages of about size bytes, each object
+// two bytes on the wire (three in JSON).
+func oversizeMatches(size int) []oversize {
+	emptyMM := func(n int) []*kvpipev1.MultiModal {
+		s := make([]*kvpipev1.MultiModal, n)
+		for i := range s {
+			s[i] = &kvpipev1.MultiModal{}
+		}
+		return s
+	}
+	objects := func(n int) string { return "[" + strings.Repeat("{},", n-1) + "{}]" }
+	n := size / 2
+	batch := &kvpipev1.MatchBatchRequest{Requests: make([]*kvpipev1.MatchRequest, n)}
+	for i := range batch.Requests {
+		batch.Requests[i] = &kvpipev1.MatchRequest{}
+	}
+	perRequest := n / maxBatch
+	wide := &kvpipev1.MatchBatchRequest{Requests: make([]*kvpipev1.MatchRequest, maxBatch)}
+	for i := range wide.Requests {
+		wide.Requests[i] = &kvpipev1.MatchRequest{Multimodal: emptyMM(perRequest)}
+	}
+	wideRequest := `{"multimodal":` + objects(perRequest) + "}"
+	return []oversize{
+		{"a batch of empty requests", "4096 requests", batch, `{"requests":` + objects(n) + "}"},
+		{"a batch of requests with empty multimodal inputs", "65536 multimodal inputs in all", wide,
+			`{"requests":[` + strings.Repeat(wideRequest+",", maxBatch-1) + wideRequest + "]}"},
+		{"a match of empty multimodal inputs", "1024 multimodal inputs",
+			&kvpipev1.MatchRequest{Multimodal: emptyMM(n)}, `{"multimodal":` + objects(n) + "}"},
+	}
+}
+
+// A match message that holds more requests or multimodal inputs than any
+// answered is refused as invalid on every port and in every encoding, and
+// before it is decoded: the call allocates a small multiple of its size.
+// Decoded first, 2 bytes on the wire became 250 in memory (an 8 MiB batch
+// of empty requests, 1 GiB).
+func TestOversizeMatchesRefusedUndecoded(t *testing.T) {
+	const size = 1 << 20
+	r := start(t, Config{MaxMessageBytes: 4 * size})
+	call := map[string]func(oversize) error{
+		"grpc-go": func(c oversize) error {
+			var err error
+			switch m := c.msg.(type) {
+			case *kvpipev1.MatchRequest:
+				_, err = r.grpcgo.Match(context.Background(), m)
+			case *kvpipev1.MatchBatchRequest:
+				_, err = r.grpcgo.MatchBatch(context.Background(), m)
+			}
+			return err
+		},
+		"connect gRPC": func(c oversize) error {
+			var err error
+			switch m := c.msg.(type) {
+			case *kvpipev1.MatchRequest:
+				_, err = r.grpc.Match(context.Background(), connect.NewRequest(m))
+			case *kvpipev1.MatchBatchRequest:
+				_, err = r.grpc.MatchBatch(context.Background(), connect.NewRequest(m))
+			}
+			return err
+		},
+		"connect JSON": func(c oversize) error {
+			return r.postJSON(kvpipev1connect.IndexServiceMatchProcedure+batchSuffix(c.msg, "Batch"), c.json)
+		},
+		"HTTP/JSON": func(c oversize) error { return r.postJSON("/v1/match"+batchSuffix(c.msg, "/batch"), c.json) },
+	}
+	for _, c := range oversizeMatches(size) {
+		for _, port := range []string{"grpc-go", "connect gRPC", "connect JSON", "HTTP/JSON"} {
+			t.Run(port+"/"+c.what, func(t *testing.T) {
+				var before, after runtime.MemStats
+				runtime.GC()
+				runtime.ReadMemStats(&before)
+				err := call[port](c)
+				runtime.ReadMemStats(&after)
+				if codeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), c.says) {
+					t.Fatalf("got %v, want InvalidArgument saying %q", err, c.says)
+				}
+				// The client's encoding, HTTP's buffers and the server's
+				// read of the body: a few copies of the message.
+				alloc := after.TotalAlloc - before.TotalAlloc
+				t.Logf("allocated %.1f MiB", float64(alloc)/(1<<20))
+				if alloc > 16*size {
+					t.Errorf("the call allocated %d MiB for a message of %d MiB", alloc>>20, size>>20)
+				}
+			})
+		}
+	}
+	// Within the bounds, both are answered.
+	if _, err := r.grpcgo.MatchBatch(context.Background(), &kvpipev1.MatchBatchRequest{Requests: make([]*kvpipev1.MatchRequest, maxBatch)}); err != nil {
+		t.Errorf("a batch of %d: %v", maxBatch, err)
+	}
+	if err := r.postJSON("/v1/match/batch", `{"requests":[{"keys":["1"]},{}]}`); err != nil {
+		t.Errorf("a batch of two: %v", err)
+	}
+	if err := r.postJSON(kvpipev1connect.IndexServiceMatchProcedure, `{"keys":["1"]}`); err != nil {
+		t.Errorf("a match: %v", err)
+	}
+}
+
+// batchSuffix is suffix for a MatchBatchRequest, "" for a MatchRequest.
+func batchSuffix(m proto.Message, suffix string) string {
+	if _, ok := m.(*kvpipev1.MatchBatchRequest); ok {
+		return suffix
+	}
+	return ""
+}
+
+// postJSON posts body to path: nil if answered 200, else an error of the
+// answer's code (InvalidArgument for a 400) that holds its body.
+func (r *running) postJSON(path, body string) error {
+	resp, err := r.http.Post(r.url+path, "application/json", strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	answer, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+	switch resp.StatusCode {
+	case http.StatusOK:
+		return nil
+	case http.StatusBadRequest:
+		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s", answer))
+	}
+	return connect.NewError(connect.CodeUnknown, fmt.Errorf("%s: %s", resp.Status, answer))
+}
+
+// The counts on the wire and in JSON are the decoded message's, strings
+// that hold braces and quotes included.
+func TestDecodeCounts(t *testing.T) {
+	mm := []*kvpipev1.MultiModal{{Hash: "a{b}", Offset: 1, Length: 2}, {Hash: `"}{\"`}, {}}
+	for i, m := range []proto.Message{
+		&kvpipev1.MatchRequest{},
+		&kvpipev1.MatchRequest{Tokens: []uint32{1, 2}, Multimodal: mm, Salt: `{{"`},
+		&kvpipev1.MatchBatchRequest{},
+		&kvpipev1.MatchBatchRequest{Requests: []*kvpipev1.MatchRequest{{}, {Multimodal: mm}, {LoraName: "{\\"}, {Multimodal: mm[:1]}}},
+	} {
+		var want decodeCount
+		switch m := m.(type) {
+		case *kvpipev1.MatchRequest:
+			want.multimodal = len(m.Multimodal)
+		case *kvpipev1.MatchBatchRequest:
+			want = decodeCount{requests: len(m.Requests), multimodal: multimodalIn(m)}
+		}
+		wire, _ := proto.Marshal(m)
+		text, _ := protojson.Marshal(m)
+		if got, ok := countProto(wire, m); !ok || got != want {
+			t.Errorf("%d: protobuf: counted %+v, want %+v", i, got, want)
+		}
+		if got, ok := countJSON(text, m); !ok || got != want {
+			t.Errorf("%d: JSON %s: counted %+v, want %+v", i, text, got, want)
+		}
+	}
+	if _, ok := countProto(nil, &kvpipev1.RegisterWorkerRequest{}); ok {
+		t.Error("counted a message that is not a match")
+	}
+}
