@@ -227,8 +227,10 @@ func (a *streamAnswerer) answer(ctx context.Context, h http.Header, req *kvpipev
 	if a.draining {
 		return errDraining // not sent: the handler has ended the stream
 	}
-	defer a.g.release(req)
 	out, err := refusedInPlace(a.g.svc.match(ctx, h, req))
+	// Given back before the send, which waits on the client: one that
+	// does not read its answers pins none of its requests.
+	a.g.release(req)
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"sync/atomic"
 
 	"connectrpc.com/connect"
 	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1"
@@ -14,8 +15,56 @@ import (
 
 // streamAhead is how many of a MatchStream's requests are read ahead of
 // the one being answered: while any wait, answers are not flushed one by
-// one but together, after the last.
-const streamAhead = 64
+// one but together, after the last. streamAheadBytes bounds them in
+// memory too (decodedSize): a client that sends and never reads its
+// answers would else pin 64 requests of up to MaxMessageBytes a stream.
+const (
+	streamAhead      = 64
+	streamAheadBytes = 1 << 20
+)
+
+// aheadBytes counts the decoded bytes of a stream's requests read and not
+// yet taken to be answered; the reader waits while they are past
+// streamAheadBytes, and each take wakes it.
+type aheadBytes struct {
+	n     atomic.Int64
+	taken chan struct{}
+}
+
+func newAheadBytes() *aheadBytes { return &aheadBytes{taken: make(chan struct{}, 1)} }
+
+// read counts req in, then waits while the count is past the bound; false
+// if stop came first.
+func (a *aheadBytes) read(req *kvpipev1.MatchRequest, stop <-chan struct{}) bool {
+	a.n.Add(int64(decodedSize(req)))
+	for a.n.Load() > streamAheadBytes {
+		select {
+		case <-a.taken:
+		case <-stop:
+			return false
+		}
+	}
+	return true
+}
+
+// take counts req out, as it is taken to be answered.
+func (a *aheadBytes) take(req *kvpipev1.MatchRequest) {
+	a.n.Add(-int64(decodedSize(req)))
+	select {
+	case a.taken <- struct{}{}:
+	default: // a wake-up already waits
+	}
+}
+
+// decodedSize is about what r holds in memory: its slices, strings and
+// objects.
+func decodedSize(r *kvpipev1.MatchRequest) int {
+	n := 256 + 4*cap(r.Tokens) + 8*(cap(r.Keys)+cap(r.EagleKeys)) + len(r.LoraName) + len(r.Salt) + len(r.RoutedTo)
+	for _, mm := range r.Multimodal {
+		n += 96 + len(mm.GetHash())
+	}
+	return n
+}
 
 // errDraining ends a MatchStream when the server drains, after the
 // answers to the requests it had read.
@@ -62,10 +111,11 @@ func (s *service) MatchStream(ctx context.Context, stream *connect.BidiStream[kv
 		return connect.NewError(connect.CodeInternal, errors.New("match stream: served without the server's handler"))
 	}
 	reqs, stop := make(chan *kvpipev1.MatchRequest, streamAhead), make(chan struct{})
+	ahead := newAheadBytes()
 	var readErr error
 	var wg sync.WaitGroup
-	wg.Go(func() { readErr = readRequests(stream.Receive, reqs, stop) })
-	err := s.answerStream(ctx, stream.RequestHeader(), reqs, func(a *kvpipev1.MatchResponse, more bool) error {
+	wg.Go(func() { readErr = readRequests(stream.Receive, reqs, ahead, stop) })
+	err := s.answerStream(ctx, stream.RequestHeader(), reqs, ahead, func(a *kvpipev1.MatchResponse, more bool) error {
 		c.hold = more
 		return stream.Send(a)
 	})
@@ -78,9 +128,10 @@ func (s *service) MatchStream(ctx context.Context, stream *connect.BidiStream[kv
 	return err
 }
 
-// readRequests sends the requests recv returns on reqs until the client
-// ends its side (nil), the stream fails, or stop; then closes reqs.
-func readRequests(recv func() (*kvpipev1.MatchRequest, error), reqs chan<- *kvpipev1.MatchRequest, stop <-chan struct{}) error {
+// readRequests sends the requests recv returns on reqs, counted in ahead,
+// until the client ends its side (nil), the stream fails, or stop; then
+// closes reqs.
+func readRequests(recv func() (*kvpipev1.MatchRequest, error), reqs chan<- *kvpipev1.MatchRequest, ahead *aheadBytes, stop <-chan struct{}) error {
 	defer close(reqs)
 	for {
 		req, err := recv()
@@ -95,19 +146,23 @@ func readRequests(recv func() (*kvpipev1.MatchRequest, error), reqs chan<- *kvpi
 		case <-stop:
 			return nil
 		}
+		if !ahead.read(req, stop) {
+			return nil
+		}
 	}
 }
 
 // answerStream answers reqs in order until it is closed, ctx ends or the
 // server drains; send is told whether another request waits (its answer
 // need not be flushed yet). h is the call's header.
-func (s *service) answerStream(ctx context.Context, h http.Header, reqs <-chan *kvpipev1.MatchRequest, send func(a *kvpipev1.MatchResponse, more bool) error) error {
+func (s *service) answerStream(ctx context.Context, h http.Header, reqs <-chan *kvpipev1.MatchRequest, ahead *aheadBytes, send func(a *kvpipev1.MatchResponse, more bool) error) error {
 	draining := false
 	for {
 		req, ok, err := nextRequest(ctx, reqs, s.closing, &draining)
 		if err != nil || !ok {
 			return err
 		}
+		ahead.take(req)
 		a, err := refusedInPlace(s.match(ctx, h, req))
 		if err != nil {
 			return err
