@@ -29,14 +29,14 @@ import (
 
 // serveFlags are kvpipe serve's flags.
 type serveFlags struct {
-	eps, replays, allow                     endpoints
-	listen, grpcListen, topic, config       *string
-	tokenFile                               *string
-	tlsCert, tlsKey, snapshot               *string
-	natsURL, stream, prefix, bucket, object *string
-	blockSize, shards, maxTokens, maxBytes  *int
-	drain, snapshotEvery, readyTimeout      *time.Duration
-	verbose                                 *bool
+	eps, replays, allow                      endpoints
+	listen, grpcListen, topic, config        *string
+	tokenFile                                *string
+	tlsCert, tlsKey, snapshot                *string
+	natsURL, stream, prefix, bucket, object  *string
+	blockSize, shards, maxTokens, maxBytes   *int
+	drain, idle, snapshotEvery, readyTimeout *time.Duration
+	verbose                                  *bool
 }
 
 func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, bool) {
@@ -66,6 +66,7 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, bool) {
 	f.maxTokens = fs.Int("max-tokens", 1<<20, "most tokens in one match request")
 	f.maxBytes = fs.Int("max-message-bytes", 8<<20, "largest request body")
 	f.drain = fs.Duration("drain-timeout", 10*time.Second, "on SIGTERM, how long in-flight calls may take")
+	f.idle = fs.Duration("idle-timeout", 2*time.Minute, "close a connection with no call open for this long")
 	f.readyTimeout = fs.Duration("ready-timeout", 30*time.Second, "how long /readyz waits for a registered worker to connect; past it the worker counts as partial (negative: for ever)")
 	f.verbose = fs.Bool("v", false, "log to stderr")
 	if err := fs.Parse(args); err != nil {
@@ -133,7 +134,7 @@ func listenServe(f *serveFlags, cfg *serve.Config) (net.Listener, error) {
 // closes the NATS connection of a followed relay.
 func serveConfig(f *serveFlags, logger *slog.Logger) (serve.Config, func(), error) {
 	cfg := serve.Config{BlockSize: *f.blockSize, MaxTokens: *f.maxTokens, MaxMessageBytes: *f.maxBytes, Snapshot: *f.snapshot, SnapshotEvery: *f.snapshotEvery,
-		DrainTimeout: *f.drain, ReadyTimeout: *f.readyTimeout, Registry: prometheus.NewRegistry(), Logger: logger, Token: os.Getenv("KVPIPE_TOKEN")}
+		DrainTimeout: *f.drain, IdleTimeout: *f.idle, ReadyTimeout: *f.readyTimeout, Registry: prometheus.NewRegistry(), Logger: logger, Token: os.Getenv("KVPIPE_TOKEN")}
 	for _, a := range f.allow {
 		cfg.Allow = append(cfg.Allow, strings.Split(a, ",")...)
 	}

@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1"
@@ -14,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
@@ -41,6 +44,9 @@ type grpcService struct {
 	svc      *service
 	codec    *matchCodec
 	inFlight prometheus.Gauge
+	// calls counts the calls in flight, unary and Dump: the streams
+	// aside, what a drain waits for.
+	calls atomic.Int64
 	// readers are the MatchStreams' request readers (streamAnswerer). One
 	// blocked in Recv returns only once its stream has ended, after its
 	// handler: Run waits for them once the server has stopped.
@@ -52,6 +58,8 @@ func newGRPCServer(g *grpcService, cfg *Config) *grpc.Server {
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(cfg.MaxMessageBytes), grpc.MaxConcurrentStreams(grpcMaxStreams),
 		grpc.MaxHeaderListSize(grpcMaxHeaderBytes),
+		grpc.ConnectionTimeout(handshakeTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: cfg.IdleTimeout}),
 		// Fixed windows: grpc-go's dynamic ones probe the bandwidth with a
 		// ping on data received, which for a router's request-answer
 		// traffic never grows the window and comes with every request, a
@@ -81,21 +89,47 @@ func serveGRPC(srv *grpc.Server, l net.Listener) error {
 	return nil
 }
 
-// stopGRPC stops srv as the main port's server drains: new calls refused,
+// stop stops srv as the main port's server drains: new calls refused,
 // in-flight ones answered until ctx ends, then every connection closed.
-func stopGRPC(ctx context.Context, srv *grpc.Server) {
+// Streams end as the drain begins, but one whose handler waits in a send
+// on a client that does not read cannot be ended alone (grpc-go has no
+// write deadline a stream): once streamGrace has passed and no call is in
+// flight, the streams left are such, and srv stops.
+func (g *grpcService) stop(ctx context.Context, srv *grpc.Server) {
 	var wg sync.WaitGroup
 	stopped := make(chan struct{})
 	wg.Go(func() {
 		srv.GracefulStop()
 		close(stopped)
 	})
+	grace := time.NewTimer(streamGrace)
+	defer grace.Stop()
 	select {
 	case <-stopped:
 	case <-ctx.Done():
 		srv.Stop() // GracefulStop returns too
+	case <-grace.C:
+		g.stopAfterCalls(ctx, srv, stopped)
 	}
 	wg.Wait()
+}
+
+// stopAfterCalls stops srv once no call is in flight or ctx ends, unless
+// it stops first.
+func (g *grpcService) stopAfterCalls(ctx context.Context, srv *grpc.Server, stopped <-chan struct{}) {
+	poll := time.NewTicker(10 * time.Millisecond)
+	defer poll.Stop()
+	for g.calls.Load() > 0 {
+		select {
+		case <-stopped:
+			return
+		case <-ctx.Done():
+			srv.Stop()
+			return
+		case <-poll.C:
+		}
+	}
+	srv.Stop()
 }
 
 // callHeader is the call's Authorization metadata as guard reads it.
@@ -122,6 +156,8 @@ func grpcError(err error) error {
 func (g *grpcService) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
 	g.inFlight.Inc()
 	defer g.inFlight.Dec()
+	g.calls.Add(1)
+	defer g.calls.Add(-1)
 	if guarded(info.FullMethod) {
 		if err := g.svc.guard.authorize(callHeader(ctx)); err != nil {
 			return nil, grpcError(err)
@@ -134,6 +170,10 @@ func (g *grpcService) unary(ctx context.Context, req any, info *grpc.UnaryServer
 func (g *grpcService) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, next grpc.StreamHandler) error {
 	g.inFlight.Inc()
 	defer g.inFlight.Dec()
+	if info.FullMethod == kvpipev1.IndexService_Dump_FullMethodName {
+		g.calls.Add(1)
+		defer g.calls.Add(-1)
+	}
 	if guarded(info.FullMethod) {
 		if err := g.svc.guard.authorize(callHeader(ss.Context())); err != nil {
 			return grpcError(err)
@@ -183,7 +223,7 @@ func (g *grpcService) MatchStream(stream grpc.BidiStreamingServer[kvpipev1.Match
 	select {
 	case err := <-ended:
 		return err
-	case <-g.svc.closing:
+	case <-g.svc.draining.Done():
 		a.mu.Lock() // the answer in progress sent
 		a.draining = true
 		a.mu.Unlock()

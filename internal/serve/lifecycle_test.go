@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -14,6 +15,9 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1"
+	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1/kvpipev1connect"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 )
 
 // When Run's ctx ends (SIGTERM in kvpipe serve), a call in flight is still
@@ -55,7 +59,7 @@ func TestDrainSavesAndRestarts(t *testing.T) {
 	go func() { stopped <- r.stop() }()
 	eventually(t, "the drain to begin", func() bool {
 		select {
-		case <-r.s.closing:
+		case <-r.s.draining.Done():
 			return true
 		default:
 			return false
@@ -159,5 +163,86 @@ func TestDrainingStreamAnswersEveryRequestRead(t *testing.T) {
 		if _, _, err := nextRequest(context.Background(), reqs, closing, &draining); err != errDraining {
 			t.Fatalf("round %d: after the requests read, %v; want errDraining", round, err)
 		}
+	}
+}
+
+// A MatchStream whose client sends and never reads its answers is cut
+// streamGrace into the drain, on both ports: its handler waits in a send
+// that only the client could let go on. Before, it held the drain for all
+// of DrainTimeout (10 s by default, a minute here).
+func TestDrainCutsStreamsThatDoNotRead(t *testing.T) {
+	const requests = 20000 // their answers past both clients' windows
+	for _, port := range []string{"main", "grpc-go"} {
+		t.Run(port, func(t *testing.T) {
+			r := start(t, Config{DrainTimeout: time.Minute})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			var send func(*kvpipev1.MatchRequest) error
+			if port == "main" {
+				tr := &http.Transport{Protocols: new(http.Protocols), HTTP2: &http.HTTP2Config{MaxReceiveBufferPerStream: 1 << 10}}
+				tr.Protocols.SetUnencryptedHTTP2(true)
+				defer tr.CloseIdleConnections()
+				stream := kvpipev1connect.NewIndexServiceClient(&http.Client{Transport: tr}, r.url, connect.WithGRPC()).MatchStream(ctx)
+				send = stream.Send
+			} else {
+				cc, err := grpc.NewClient(r.s.cfg.GRPCListener.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+					grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer cc.Close()
+				stream, err := kvpipev1.NewIndexServiceClient(cc).MatchStream(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				send = stream.Send
+			}
+			// Refused in place, each answered with its error.
+			bad := &kvpipev1.MatchRequest{Tokens: []uint32{1}, Keys: []uint64{1}}
+			for i := range requests {
+				if err := send(bad); err != nil {
+					t.Fatalf("request %d: %v", i, err)
+				}
+			}
+			// Its answers block once the client's window is full; drained
+			// before that, it still owes more than the window.
+			eventually(t, "the stream open", func() bool { return r.gauge("kvpipe_serve_in_flight_requests") >= 1 })
+			begun := time.Now()
+			if err := r.stop(); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			if took := time.Since(begun); took > r.s.cfg.DrainTimeout/2 {
+				t.Errorf("the drain took %v with a stream that does not read, DrainTimeout %v; streams are cut %v into it",
+					took, r.s.cfg.DrainTimeout, streamGrace)
+			}
+		})
+	}
+}
+
+// A connection with no call open is closed after IdleTimeout, on both
+// ports; one that never sends its preface, after the handshake timeout.
+// Before, an idle HTTP/2 connection stayed open for ever, a few goroutines
+// each.
+func TestIdleConnectionsClosed(t *testing.T) {
+	r := start(t, Config{IdleTimeout: 200 * time.Millisecond})
+	for port, addr := range map[string]string{
+		"main":    strings.TrimPrefix(r.url, "http://"),
+		"grpc-go": r.s.cfg.GRPCListener.Addr().String(),
+	} {
+		t.Run(port, func(t *testing.T) {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			// HTTP/2 with prior knowledge: the preface and empty settings.
+			if _, err := io.WriteString(c, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00"); err != nil {
+				t.Fatal(err)
+			}
+			c.SetReadDeadline(time.Now().Add(time.Minute))
+			if _, err := io.Copy(io.Discard, c); err != nil { // the server's settings, a GOAWAY, then EOF
+				t.Fatalf("the idle connection was not closed: %v", err)
+			}
+		})
 	}
 }

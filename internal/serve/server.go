@@ -60,9 +60,13 @@ type Config struct {
 	// balancer's rotation. The service is not ready while no registered
 	// worker has connected.
 	ReadyTimeout time.Duration
-	TLS          *tls.Config // nil: plain HTTP (gRPC over h2c)
-	Registry     *prometheus.Registry
-	Logger       *slog.Logger // nil discards
+	// IdleTimeout closes a connection with no call open for that long, on
+	// both ports (default 2 minutes): a router reconnects when it next
+	// calls, and connections that are left open are not kept for ever.
+	IdleTimeout time.Duration
+	TLS         *tls.Config // nil: plain HTTP (gRPC over h2c)
+	Registry    *prometheus.Registry
+	Logger      *slog.Logger // nil discards
 	// GRPCListener, if set, is where Run also serves every call of the
 	// service through grpc-go (its own HTTP/2 server: about half the CPU a
 	// match of the main port's), with the same token, limits and TLS.
@@ -71,14 +75,15 @@ type Config struct {
 
 // Server is kvpipe serve: it runs the pipeline and answers for it.
 type Server struct {
-	cfg      Config
-	svc      *service
-	grpc     *grpcService
-	handler  http.Handler
-	closing  chan struct{}
-	close    sync.Once
-	save     sync.Mutex // serialises saving the registrations
-	inFlight prometheus.Gauge
+	cfg     Config
+	svc     *service
+	grpc    *grpcService
+	handler http.Handler
+	// draining is done once the server drains (startDrain): streams end.
+	draining   context.Context
+	startDrain context.CancelFunc
+	save       sync.Mutex // serialises saving the registrations
+	inFlight   prometheus.Gauge
 }
 
 // New checks cfg, resolves the allow-list and builds the handler; it
@@ -101,7 +106,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	cfg.DrainTimeout = orInt(cfg.DrainTimeout, 10*time.Second)
 	cfg.Poll = orInt(cfg.Poll, 250*time.Millisecond)
 	cfg.ReadyTimeout = orInt(cfg.ReadyTimeout, 30*time.Second)
-	s := &Server{cfg: cfg, closing: make(chan struct{})}
+	cfg.IdleTimeout = orInt(cfg.IdleTimeout, 2*time.Minute)
+	s := &Server{cfg: cfg}
+	s.draining, s.startDrain = context.WithCancel(context.Background())
 	refused, err := s.registerMetrics()
 	if err != nil {
 		return nil, err
@@ -111,7 +118,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.svc = &service{p: cfg.Pipeline, limits: limits{maxTokens: cfg.MaxTokens, blockSize: cfg.BlockSize}, guard: g,
-		closing: s.closing, saved: s.saveWorkers, specs: map[string]*kvpipev1.WorkerSpec{}, added: map[string]time.Time{}}
+		draining: s.draining, saved: s.saveWorkers, specs: map[string]*kvpipev1.WorkerSpec{}, added: map[string]time.Time{}}
 	s.svc.mon = newMonitor(cfg.Pipeline.Stats, s.svc.spec, cfg.Poll)
 	s.grpc = &grpcService{svc: s.svc, codec: newMatchCodec(), inFlight: s.inFlight}
 	s.handler = s.routes()
@@ -153,6 +160,9 @@ func (s *Server) routes() http.Handler {
 		if r.URL.Path != "/metrics" {
 			s.inFlight.Inc()
 			defer s.inFlight.Dec()
+		}
+		if streamPaths[r.URL.Path] {
+			defer s.svc.cutOnDrain(w)()
 		}
 		w, r = withStreamConn(w, r)
 		mux.ServeHTTP(w, r)
@@ -202,13 +212,17 @@ func (s *Server) Run(ctx context.Context, l net.Listener) error {
 	return err
 }
 
+// handshakeTimeout bounds how long a new connection may take to send its
+// first request (HTTP/1) or its preface (HTTP/2, and TLS before either).
+const handshakeTimeout = 10 * time.Second
+
 func (s *Server) httpServer() *http.Server {
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
 	protocols.SetHTTP2(true)
 	protocols.SetUnencryptedHTTP2(true) // gRPC without TLS (h2c, prior knowledge)
 	return &http.Server{Handler: s.handler, Protocols: &protocols, TLSConfig: s.cfg.TLS,
-		ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(s.cfg.Logger.Handler(), slog.LevelWarn)}
+		ReadHeaderTimeout: handshakeTimeout, IdleTimeout: s.cfg.IdleTimeout, ErrorLog: slog.NewLogLogger(s.cfg.Logger.Handler(), slog.LevelWarn)}
 }
 
 func (s *Server) serve(srv *http.Server, l net.Listener) error {
@@ -235,12 +249,12 @@ func (s *Server) grpcServer() *grpc.Server {
 // drain ends the streams and waits for in-flight calls on both servers;
 // past DrainTimeout the connections left are closed.
 func (s *Server) drain(srv *http.Server, gsrv *grpc.Server) {
-	s.close.Do(func() { close(s.closing) })
+	s.startDrain()
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
 	defer cancel()
 	var wg sync.WaitGroup
 	if gsrv != nil {
-		wg.Go(func() { stopGRPC(ctx, gsrv) })
+		wg.Go(func() { s.grpc.stop(ctx, gsrv) })
 	}
 	if err := srv.Shutdown(ctx); err != nil {
 		s.cfg.Logger.Warn("serve: drain cut short", "err", err)

@@ -21,12 +21,12 @@ const dumpChunk = 2048
 // service implements kvpipev1connect.IndexServiceHandler on a Pipeline; the
 // HTTP/JSON routes call the same methods.
 type service struct {
-	p       *kvpipe.Pipeline
-	limits  limits
-	guard   *guard
-	mon     *monitor
-	closing <-chan struct{} // closed when the server drains: streams end
-	saved   func()          // the registrations changed: save them
+	p        *kvpipe.Pipeline
+	limits   limits
+	guard    *guard
+	mon      *monitor
+	draining context.Context // done when the server drains: streams end
+	saved    func()          // the registrations changed: save them
 	// scratch holds *[]kvpipe.Match: the pipeline's answers while a
 	// match's response is built, reused across calls.
 	scratch sync.Pool
@@ -213,7 +213,7 @@ func (s *service) watch(ctx context.Context, full bool, send func(*kvpipev1.Work
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-s.closing:
+		case <-s.draining.Done():
 			return nil
 		case <-w.lagged:
 			return connect.NewError(connect.CodeResourceExhausted, errors.New("watch: the stream fell behind the workers' changes: call again"))

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1"
@@ -158,7 +159,7 @@ func readRequests(recv func() (*kvpipev1.MatchRequest, error), reqs chan<- *kvpi
 func (s *service) answerStream(ctx context.Context, h http.Header, reqs <-chan *kvpipev1.MatchRequest, ahead *aheadBytes, send func(a *kvpipev1.MatchResponse, more bool) error) error {
 	draining := false
 	for {
-		req, ok, err := nextRequest(ctx, reqs, s.closing, &draining)
+		req, ok, err := nextRequest(ctx, reqs, s.draining.Done(), &draining)
 		if err != nil || !ok {
 			return err
 		}
@@ -194,5 +195,44 @@ func nextRequest(ctx context.Context, reqs <-chan *kvpipev1.MatchRequest, closin
 		return req, ok, nil
 	default:
 		return nil, false, errDraining
+	}
+}
+
+// streamGrace is how long a stream may go on writing once the server
+// drains: time enough to send what it owes (the answers to a MatchStream's
+// requests read, each stream's end) to a client that reads. One that does
+// not is cut then, rather than hold the drain for all of DrainTimeout.
+const streamGrace = time.Second
+
+// streamPaths are the main port's streams that end when the server
+// drains, whatever their client does: calls (Dump among them) are
+// answered instead, up to DrainTimeout.
+var streamPaths = map[string]bool{
+	kvpipev1connect.IndexServiceMatchStreamProcedure:  true,
+	kvpipev1connect.IndexServiceWatchWorkersProcedure: true,
+	"/v1/watch": true,
+}
+
+// cutOnDrain sets a write deadline on w, streamGrace after the server
+// starts draining, so that a write waiting on a client that does not read
+// fails. The returned func, called before the handler returns, stops it:
+// once it has, w is not touched (net/http reuses it).
+func (s *service) cutOnDrain(w http.ResponseWriter) (stop func()) {
+	rc := http.NewResponseController(w)
+	var mu sync.Mutex // held while the deadline is set
+	done := false
+	stopAfter := context.AfterFunc(s.draining, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !done {
+			rc.SetWriteDeadline(time.Now().Add(streamGrace))
+		}
+	})
+	return func() {
+		if !stopAfter() {
+			mu.Lock()
+			done = true
+			mu.Unlock()
+		}
 	}
 }
