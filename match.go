@@ -98,7 +98,7 @@ func (p *Pipeline) FindMatches(ctx context.Context, tokens []uint32) ([]Match, e
 // cache salt, or with multimodal inputs: its keys are those the engines'
 // blocks of that request get, and no other request's.
 func (p *Pipeline) FindMatchesRequest(ctx context.Context, r *Request) ([]Match, error) {
-	plain, eagle := kinds(*p.read.list.Load())
+	plain, eagle := kinds(p.read.workers.all())
 	q := lookup{req: (*index.Request)(r), blockSize: p.cfg.BlockSize, plain: plain, eagle: eagle}
 	return nilIfEmpty(p.read.appendMatches(ctx, p.stopped, nil, &q))
 }
@@ -190,9 +190,7 @@ func (r *readPath) appendMatches(ctx context.Context, stopped <-chan struct{}, d
 // wait.
 type readPath struct {
 	shards  atomic.Pointer[index.Shards]
-	names   atomic.Pointer[map[index.WorkerID]*worker]
-	list    atomic.Pointer[[]*worker]
-	byName  atomic.Pointer[map[string]*worker]
+	workers workerTable
 	scores  sync.Pool // *[]index.Score: the scratch of a match
 	hashers sync.Pool // *index.Hasher: the scratch of hashing a request's keys
 	weights Weights
@@ -211,12 +209,11 @@ func (r *readPath) appendKind(ctx context.Context, shards *index.Shards, dst []M
 	if err != nil {
 		return dst, err
 	}
-	names := *r.names.Load()
 	for _, sc := range scores {
 		// A worker removed meanwhile is left out, and so is one of the other
 		// kind, and one whose entries may be stale (a batch dropped, its
 		// clear not yet queued).
-		if w, ok := names[sc.Worker]; ok && w.eagle() == eagle && !w.stale() {
+		if w := r.workers.id(sc.Worker); w != nil && w.eagle() == eagle && !w.stale() {
 			dst = append(dst, Match{Worker: w.name, Blocks: sc.Blocks, Predicted: max(sc.Blocks, sc.Predicted), Tiers: sc.Tiers,
 				Score: sc.Weighted(index.Weights(r.weights)), Partial: w.partial(), Eagle: eagle})
 		}

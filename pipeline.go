@@ -4,10 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"maps"
 	"math"
-	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -82,7 +79,6 @@ func New(cfg Config) (*Pipeline, error) {
 	p.read.scores.New = func() any { return new([]index.Score) }
 	p.read.hashers.New = func() any { return new(index.Hasher) }
 	p.read.weights = cfg.TierWeights
-	p.publish()
 	if cfg.Tap != nil {
 		cfg.Tap.Bind(p.republish)
 	}
@@ -191,7 +187,6 @@ func (p *Pipeline) begin(ctx context.Context) (*index.Shards, error) {
 		f := &Feed{p: p}
 		p.group.Go(supervisor.Member{Name: "source", Run: func(ctx context.Context) error { return src.Run(ctx, f) }})
 	}
-	p.publish()
 	return shards, nil
 }
 
@@ -218,19 +213,4 @@ func (p *Pipeline) Shutdown(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-}
-
-// publish replaces the read path's copies of the worker table; p.mu is held.
-func (p *Pipeline) publish() {
-	names := make(map[index.WorkerID]*worker, len(p.workers))
-	list := make([]*worker, 0, len(p.workers))
-	for _, w := range p.workers {
-		names[w.id] = w
-		list = append(list, w)
-	}
-	slices.SortFunc(list, func(a, b *worker) int { return strings.Compare(a.name, b.name) })
-	byName := maps.Clone(p.workers)
-	p.read.names.Store(&names)
-	p.read.list.Store(&list)
-	p.read.byName.Store(&byName)
 }

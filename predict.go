@@ -58,7 +58,7 @@ func predictionStats(c *predict.Counts) PredictionStats {
 // snapshots. It returns ErrNoWorker for an unknown worker and
 // ErrNotRunning before Run; after Shutdown it does nothing.
 func (p *Pipeline) Routed(worker string, keys []uint64) error {
-	w := (*p.read.byName.Load())[worker] // a Source's too: its ops settle them as an engine's do
+	w := p.read.workers.named(worker) // a Source's too: its ops settle them as an engine's do
 	if w == nil {
 		return fmt.Errorf("%w: %q", ErrNoWorker, worker)
 	}

@@ -149,7 +149,7 @@ func (f *Feed) worker(name string) (*worker, error) {
 	w.fed.partial.Store(true) // until its ops say otherwise
 	p.nextID++
 	p.workers[name] = w
-	p.publish()
+	p.read.workers.add(w)
 	return w, nil
 }
 
@@ -160,6 +160,6 @@ func (f *Feed) drop(w *worker) {
 	defer p.mu.Unlock()
 	if p.workers[w.name] == w {
 		delete(p.workers, w.name)
-		p.publish()
+		p.read.workers.remove(w)
 	}
 }

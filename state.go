@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -189,11 +190,12 @@ func (p *Pipeline) snapshotWorkers() (list []*worker, waiting []snapshot.Worker,
 	case draining, closed:
 		return nil, nil, nil, ErrClosed
 	}
-	for _, w := range *p.read.list.Load() {
+	for _, w := range p.read.workers.all() {
 		if w.fed == nil && w.done != nil {
 			list = append(list, w)
 		}
 	}
+	slices.SortFunc(list, byWorkerName)
 	waiting = make([]snapshot.Worker, 0, len(p.restored))
 	for _, ws := range p.restored {
 		waiting = append(waiting, ws.Clone())

@@ -3,6 +3,7 @@ package kvpipe
 import (
 	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/wire"
+	"slices"
 )
 
 // Stats are the pipeline's counters as of one call of Pipeline.Stats:
@@ -59,7 +60,8 @@ func (s Stats) Worker(name string) (WorkerStats, bool) {
 // worker or the lifecycle.
 func (p *Pipeline) Stats() Stats {
 	var st Stats
-	for _, w := range *p.read.list.Load() {
+	ws := slices.SortedFunc(slices.Values(p.read.workers.all()), byWorkerName)
+	for _, w := range ws {
 		switch {
 		case w.fed != nil:
 			st.Workers = append(st.Workers, WorkerStats{Name: w.name, Actor: w.fed.stats(), Predictions: predictionStats(&w.preds)})

@@ -99,7 +99,7 @@ func (p *Pipeline) AddWorker(name string, wc WorkerConfig) error {
 	if p.phase == running && !w.approx {
 		p.start(w)
 	}
-	p.publish()
+	p.read.workers.add(w)
 	return nil
 }
 
@@ -148,7 +148,7 @@ func (p *Pipeline) RemoveWorker(ctx context.Context, name string) error {
 		return fmt.Errorf("kvpipe: worker %q is the Source's: it removes it", name)
 	}
 	delete(p.workers, name)
-	p.publish()
+	p.read.workers.remove(w)
 	if w.done == nil && !(w.approx && p.phase == running) { // never started, nothing in a shard
 		p.mu.Unlock()
 		return nil
