@@ -6,8 +6,8 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// maxMessageMultiModal bounds the multimodal inputs of one message, a
-// MatchBatch's in all: each decodes to an object of about 80 bytes from 2
+// maxMessageMultiModal bounds the multimodal inputs of a MatchBatch, in
+// all (a MatchRequest is decoded with up to maxMultiModal): each decodes to an object of about 80 bytes from 2
 // on the wire, so a message of them alone would cost 40 times its size.
 const maxMessageMultiModal = 1 << 16
 
@@ -25,13 +25,17 @@ const (
 // before its count was checked. Counted first, a message past the bounds
 // is not decoded at all.
 type decodeCount struct {
-	requests   int // a MatchBatch's
-	multimodal int // in all
+	batch      bool // a MatchBatch, not a single MatchRequest
+	requests   int  // a MatchBatch's
+	multimodal int  // in all
 }
 
 // within reports whether a message of c may be decoded: its requests and
 // multimodal inputs within what any request the service answers holds.
 func (c decodeCount) within() bool {
+	if !c.batch {
+		return c.multimodal <= maxMultiModal
+	}
 	return c.requests <= maxBatch && c.multimodal <= maxMessageMultiModal
 }
 
@@ -43,6 +47,7 @@ func countProto(b []byte, m proto.Message) (c decodeCount, ok bool) {
 	case *kvpipev1.MatchRequest:
 		return decodeCount{multimodal: countFields(b, matchMultiModalField, nil)}, true
 	case *kvpipev1.MatchBatchRequest:
+		c.batch = true
 		c.requests = countFields(b, batchRequestsField, func(v []byte) {
 			c.multimodal += countFields(v, matchMultiModalField, nil)
 		})
@@ -89,7 +94,7 @@ func countJSON(b []byte, m proto.Message) (c decodeCount, ok bool) {
 	case *kvpipev1.MatchRequest:
 		multimodalDepth = 2
 	case *kvpipev1.MatchBatchRequest:
-		requestDepth, multimodalDepth = 2, 3
+		requestDepth, multimodalDepth, c.batch = 2, 3, true
 	default:
 		return c, false
 	}

@@ -163,7 +163,7 @@ func TestDecodeCounts(t *testing.T) {
 		case *kvpipev1.MatchRequest:
 			want.multimodal = len(m.Multimodal)
 		case *kvpipev1.MatchBatchRequest:
-			want = decodeCount{requests: len(m.Requests), multimodal: multimodalIn(m)}
+			want = decodeCount{batch: true, requests: len(m.Requests), multimodal: multimodalIn(m)}
 		}
 		wire, _ := proto.Marshal(m)
 		text, _ := protojson.Marshal(m)

@@ -192,11 +192,14 @@ func appendKeys(keys []uint64, v []byte, pool *keyPool) []uint64 {
 	return keys
 }
 
+// growKeys makes room for n more keys, doubling at least: a request that
+// sends its keys one a field (valid, if odd) must not cost a copy of all
+// keys a key.
 func growKeys(keys []uint64, n int) []uint64 {
 	if cap(keys)-len(keys) >= n {
 		return keys
 	}
-	grown := make([]uint64, len(keys), len(keys)+n)
+	grown := make([]uint64, len(keys), max(len(keys)+n, 2*cap(keys)))
 	copy(grown, keys)
 	return grown
 }

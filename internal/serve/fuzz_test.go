@@ -229,7 +229,7 @@ func FuzzDecodeCounts(f *testing.F) {
 		case *kvpipev1.MatchRequest:
 			want.multimodal = len(m.Multimodal)
 		case *kvpipev1.MatchBatchRequest:
-			want = decodeCount{requests: len(m.Requests), multimodal: multimodalIn(m)}
+			want = decodeCount{batch: true, requests: len(m.Requests), multimodal: multimodalIn(m)}
 		}
 		if got != want {
 			t.Fatalf("counted %+v, decoded %+v", got, want)

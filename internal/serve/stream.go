@@ -58,11 +58,12 @@ func (a *aheadBytes) take(req *kvpipev1.MatchRequest) {
 }
 
 // decodedSize is about what r holds in memory: its slices, strings and
-// objects.
+// objects, and the unknown fields protobuf keeps.
 func decodedSize(r *kvpipev1.MatchRequest) int {
-	n := 256 + 4*cap(r.Tokens) + 8*(cap(r.Keys)+cap(r.EagleKeys)) + len(r.LoraName) + len(r.Salt) + len(r.RoutedTo)
+	n := 256 + 4*cap(r.Tokens) + 8*(cap(r.Keys)+cap(r.EagleKeys)) + len(r.LoraName) + len(r.Salt) + len(r.RoutedTo) +
+		len(r.ProtoReflect().GetUnknown())
 	for _, mm := range r.Multimodal {
-		n += 96 + len(mm.GetHash())
+		n += 96 + len(mm.GetHash()) + len(mm.ProtoReflect().GetUnknown())
 	}
 	return n
 }
