@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -18,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 )
 
@@ -44,9 +44,8 @@ type grpcService struct {
 	svc      *service
 	codec    *matchCodec
 	inFlight prometheus.Gauge
-	// calls counts the calls in flight, unary and Dump: the streams
-	// aside, what a drain waits for.
-	calls atomic.Int64
+	// conns are the port's connections, for cutOnDrain.
+	conns connSet
 	// readers are the MatchStreams' request readers (streamAnswerer). One
 	// blocked in Recv returns only once its stream has ended, after its
 	// handler: Run waits for them once the server has stopped.
@@ -81,55 +80,60 @@ func newGRPCServer(g *grpcService, cfg *Config) *grpc.Server {
 	return srv
 }
 
-// serveGRPC serves srv on l until it stops.
-func serveGRPC(srv *grpc.Server, l net.Listener) error {
-	if err := srv.Serve(l); !errors.Is(err, grpc.ErrServerStopped) {
+// serveGRPC serves srv on l until it stops, its connections kept in conns.
+func serveGRPC(srv *grpc.Server, l net.Listener, conns *connSet) error {
+	if err := srv.Serve(conns.listener(l)); !errors.Is(err, grpc.ErrServerStopped) {
 		return err
 	}
 	return nil
 }
 
-// stop stops srv as the main port's server drains: new calls refused,
+// stopGRPC stops srv as the main port's server drains: new calls refused,
 // in-flight ones answered until ctx ends, then every connection closed.
-// Streams end as the drain begins, but one whose handler waits in a send
-// on a client that does not read cannot be ended alone (grpc-go has no
-// write deadline a stream): once streamGrace has passed and no call is in
-// flight, the streams left are such, and srv stops.
-func (g *grpcService) stop(ctx context.Context, srv *grpc.Server) {
+func stopGRPC(ctx context.Context, srv *grpc.Server) {
 	var wg sync.WaitGroup
 	stopped := make(chan struct{})
 	wg.Go(func() {
 		srv.GracefulStop()
 		close(stopped)
 	})
-	grace := time.NewTimer(streamGrace)
-	defer grace.Stop()
 	select {
 	case <-stopped:
 	case <-ctx.Done():
 		srv.Stop() // GracefulStop returns too
-	case <-grace.C:
-		g.stopAfterCalls(ctx, srv, stopped)
 	}
 	wg.Wait()
 }
 
-// stopAfterCalls stops srv once no call is in flight or ctx ends, unless
-// it stops first.
-func (g *grpcService) stopAfterCalls(ctx context.Context, srv *grpc.Server, stopped <-chan struct{}) {
-	poll := time.NewTicker(10 * time.Millisecond)
-	defer poll.Stop()
-	for g.calls.Load() > 0 {
-		select {
-		case <-stopped:
-			return
-		case <-ctx.Done():
-			srv.Stop()
-			return
-		case <-poll.C:
+// cutOnDrain closes the connection of the stream of ctx if it is still
+// open streamGrace into the drain: its handler waits in a send on a client
+// that does not read, and grpc-go has no other way to end one stream than
+// its handler's return (no write deadline). The connection's other calls
+// go with it. The returned func, called as the handler returns, stops it.
+func (g *grpcService) cutOnDrain(ctx context.Context) (stop func()) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return func() {}
+	}
+	var mu sync.Mutex // guards cut and done
+	var cut *time.Timer
+	done := false
+	stopAfter := context.AfterFunc(g.svc.draining, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !done {
+			cut = time.AfterFunc(streamGrace, func() { g.conns.close(p.Addr.String()) })
+		}
+	})
+	return func() {
+		stopAfter()
+		mu.Lock()
+		defer mu.Unlock()
+		done = true
+		if cut != nil {
+			cut.Stop()
 		}
 	}
-	srv.Stop()
 }
 
 // callHeader is the call's Authorization metadata as guard reads it.
@@ -156,8 +160,6 @@ func grpcError(err error) error {
 func (g *grpcService) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
 	g.inFlight.Inc()
 	defer g.inFlight.Dec()
-	g.calls.Add(1)
-	defer g.calls.Add(-1)
 	if guarded(info.FullMethod) {
 		if err := g.svc.guard.authorize(callHeader(ctx)); err != nil {
 			return nil, grpcError(err)
@@ -170,9 +172,9 @@ func (g *grpcService) unary(ctx context.Context, req any, info *grpc.UnaryServer
 func (g *grpcService) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, next grpc.StreamHandler) error {
 	g.inFlight.Inc()
 	defer g.inFlight.Dec()
-	if info.FullMethod == kvpipev1.IndexService_Dump_FullMethodName {
-		g.calls.Add(1)
-		defer g.calls.Add(-1)
+	switch info.FullMethod {
+	case kvpipev1.IndexService_MatchStream_FullMethodName, kvpipev1.IndexService_WatchWorkers_FullMethodName:
+		defer g.cutOnDrain(ss.Context())()
 	}
 	if guarded(info.FullMethod) {
 		if err := g.svc.guard.authorize(callHeader(ss.Context())); err != nil {
@@ -308,4 +310,62 @@ func (g *grpcService) WatchWorkers(_ *kvpipev1.WatchWorkersRequest, stream grpc.
 
 func (g *grpcService) Dump(r *kvpipev1.DumpRequest, stream grpc.ServerStreamingServer[kvpipev1.DumpResponse]) error {
 	return g.svc.dump(stream.Context(), r.Worker, stream.Send)
+}
+
+// connSet holds a listener's open connections by their peer's address, as
+// grpc-go reports it (peer.Peer.Addr): the handle cutOnDrain closes.
+type connSet struct {
+	mu sync.Mutex
+	m  map[string]net.Conn
+}
+
+// listener is l with each connection it accepts kept in s until closed.
+func (s *connSet) listener(l net.Listener) net.Listener { return trackingListener{l, s} }
+
+// close closes the connection of addr, if it is still open.
+func (s *connSet) close(addr string) {
+	s.mu.Lock()
+	c := s.m[addr]
+	s.mu.Unlock()
+	if c != nil {
+		c.Close()
+	}
+}
+
+type trackingListener struct {
+	net.Listener
+	set *connSet
+}
+
+func (l trackingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	t := &trackedConn{Conn: c, set: l.set, addr: c.RemoteAddr().String()}
+	l.set.mu.Lock()
+	if l.set.m == nil {
+		l.set.m = make(map[string]net.Conn)
+	}
+	l.set.m[t.addr] = t
+	l.set.mu.Unlock()
+	return t, nil
+}
+
+type trackedConn struct {
+	net.Conn
+	set  *connSet
+	addr string
+	once sync.Once
+}
+
+func (c *trackedConn) Close() error {
+	c.once.Do(func() {
+		c.set.mu.Lock()
+		if c.set.m[c.addr] == c {
+			delete(c.set.m, c.addr)
+		}
+		c.set.mu.Unlock()
+	})
+	return c.Conn.Close()
 }

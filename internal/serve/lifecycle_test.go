@@ -246,3 +246,53 @@ func TestIdleConnectionsClosed(t *testing.T) {
 		})
 	}
 }
+
+// A Dump in flight to a client that reads it slowly is answered whole
+// through a drain on the grpc-go port, its status included: a call is
+// answered up to DrainTimeout. (Stopping the port once no handler ran
+// threw away the chunks still queued.)
+func TestDrainAnswersASlowDump(t *testing.T) {
+	const chains, blocks = 40, 1000
+	r := start(t, Config{Token: testToken, Allow: []string{"127.0.0.0/8"}, DrainTimeout: time.Minute})
+	e := newEngine(t, "")
+	r.register("e0", e.pub)
+	r.subscribed("e0", e)
+	for c := range chains {
+		e.store(10+c, blocks)
+	}
+	eventually(t, "the chains indexed", func() bool { return r.matchGRPC(chainTokens(10+chains-1, blocks))["e0"] == blocks })
+	cc, err := grpc.NewClient(r.s.cfg.GRPCListener.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	stream, err := kvpipev1.NewIndexServiceClient(cc).Dump(tokenCtx(testToken), &kvpipev1.DumpRequest{Worker: "e0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := len(first.Blocks)
+	stopped := make(chan error, 1)
+	go func() { stopped <- r.stop() }()
+	for {
+		time.Sleep(200 * time.Millisecond) // the server's window fills meanwhile
+		chunk, err := stream.Recv()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("after %d of %d blocks: %v", got, chains*blocks, err)
+		}
+		got += len(chunk.Blocks)
+	}
+	if got != chains*blocks {
+		t.Errorf("dumped %d blocks, want %d", got, chains*blocks)
+	}
+	if err := <-stopped; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}

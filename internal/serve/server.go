@@ -192,7 +192,7 @@ func (s *Server) Run(ctx context.Context, l net.Listener) error {
 	served := make(chan error, 2)
 	wg.Go(func() { served <- s.serve(srv, l) })
 	if gsrv != nil {
-		wg.Go(func() { served <- serveGRPC(gsrv, s.cfg.GRPCListener) })
+		wg.Go(func() { served <- serveGRPC(gsrv, s.cfg.GRPCListener, &s.grpc.conns) })
 	}
 	var err error
 	select {
@@ -254,7 +254,7 @@ func (s *Server) drain(srv *http.Server, gsrv *grpc.Server) {
 	defer cancel()
 	var wg sync.WaitGroup
 	if gsrv != nil {
-		wg.Go(func() { s.grpc.stop(ctx, gsrv) })
+		wg.Go(func() { stopGRPC(ctx, gsrv) })
 	}
 	if err := srv.Shutdown(ctx); err != nil {
 		s.cfg.Logger.Warn("serve: drain cut short", "err", err)
