@@ -25,7 +25,7 @@ type oversize struct {
 }
 
 // oversizeMatches are oversize messages of about size bytes, each object
-// two bytes on the wire (three in JSON).
+// two bytes on the wire (three in JSON), each token one (two).
 func oversizeMatches(size int) []oversize {
 	emptyMM := func(n int) []*kvpipev1.MultiModal {
 		s := make([]*kvpipev1.MultiModal, n)
@@ -47,11 +47,16 @@ func oversizeMatches(size int) []oversize {
 	}
 	wideRequest := `{"multimodal":` + objects(perRequest) + "}"
 	return []oversize{
-		{"a batch of empty requests", "4096 requests", batch, `{"requests":` + objects(n) + "}"},
-		{"a batch of requests with empty multimodal inputs", "65536 multimodal inputs in all", wide,
+		{"a batch of empty requests", "requests, more than the limit of 4096", batch, `{"requests":` + objects(n) + "}"},
+		{"a batch of requests with empty multimodal inputs", "multimodal inputs in all, more than the limit of 65536", wide,
 			`{"requests":[` + strings.Repeat(wideRequest+",", maxBatch-1) + wideRequest + "]}"},
-		{"a match of empty multimodal inputs", "1024 multimodal inputs",
+		{"a match of empty multimodal inputs", "multimodal inputs, more than 1024",
 			&kvpipev1.MatchRequest{Multimodal: emptyMM(n)}, `{"multimodal":` + objects(n) + "}"},
+		// Past a server's MaxTokens of size/16 and its keys (block size 16).
+		{"a match of tokens past the limit", "tokens, more than the limit",
+			&kvpipev1.MatchRequest{Tokens: make([]uint32, n)}, `{"tokens":[` + strings.Repeat("0,", n-1) + "0]}"},
+		{"a match of keys past the limit", "keys, more than the limit",
+			&kvpipev1.MatchRequest{Keys: make([]uint64, size/8)}, `{"keys":[` + strings.Repeat("0,", size/8-1) + "0]}"},
 	}
 }
 
@@ -62,7 +67,7 @@ func oversizeMatches(size int) []oversize {
 // of empty requests, 1 GiB).
 func TestOversizeMatchesRefusedUndecoded(t *testing.T) {
 	const size = 1 << 20
-	r := start(t, Config{MaxMessageBytes: 4 * size})
+	r := start(t, Config{MaxMessageBytes: 4 * size, MaxTokens: size / 16})
 	call := map[string]func(oversize) error{
 		"grpc-go": func(c oversize) error {
 			var err error
@@ -155,13 +160,16 @@ func TestDecodeCounts(t *testing.T) {
 	for i, m := range []proto.Message{
 		&kvpipev1.MatchRequest{},
 		&kvpipev1.MatchRequest{Tokens: []uint32{1, 2}, Multimodal: mm, Salt: `{{"`},
+		&kvpipev1.MatchRequest{Tokens: []uint32{0, 127, 128, 1 << 31}, LoraName: `[", "`},
+		&kvpipev1.MatchRequest{Keys: []uint64{1, 2, 3}, EagleKeys: []uint64{4}, RoutedTo: "a"},
+		&kvpipev1.MatchRequest{EagleKeys: []uint64{4, 5}},
 		&kvpipev1.MatchBatchRequest{},
 		&kvpipev1.MatchBatchRequest{Requests: []*kvpipev1.MatchRequest{{}, {Multimodal: mm}, {LoraName: "{\\"}, {Multimodal: mm[:1]}}},
 	} {
 		var want decodeCount
 		switch m := m.(type) {
 		case *kvpipev1.MatchRequest:
-			want.multimodal = len(m.Multimodal)
+			want = decodeCount{multimodal: len(m.Multimodal), tokens: len(m.Tokens), keys: max(len(m.Keys), len(m.EagleKeys))}
 		case *kvpipev1.MatchBatchRequest:
 			want = decodeCount{batch: true, requests: len(m.Requests), multimodal: multimodalIn(m)}
 		}
@@ -176,5 +184,18 @@ func TestDecodeCounts(t *testing.T) {
 	}
 	if _, ok := countProto(nil, &kvpipev1.RegisterWorkerRequest{}); ok {
 		t.Error("counted a message that is not a match")
+	}
+}
+
+// A JSON name written with escapes is the field protojson decodes it as:
+// its values are counted, as tokens and as keys, rather than let through.
+func TestDecodeCountsEscapedNames(t *testing.T) {
+	body := []byte(`{"\u0074okens":[1,2,3]}`)
+	var m kvpipev1.MatchRequest
+	if err := protojson.Unmarshal(body, &m); err != nil || len(m.Tokens) != 3 {
+		t.Fatalf("protojson: %v, %d tokens", err, len(m.Tokens))
+	}
+	if c, _ := countJSON(body, &m); c.tokens < 3 {
+		t.Errorf("counted %+v, want at least 3 tokens", c)
 	}
 }

@@ -29,12 +29,13 @@ const maxPooledKeys = 1 << 16
 // handler gives back once answered. A new array per request, zeroed and
 // then filled, was most of what decoding a request cost the server.
 type matchCodec struct {
-	proto encoding.CodecV2
-	keys  keyPool
+	proto  encoding.CodecV2
+	keys   keyPool
+	limits limits // of a request, counted before it is decoded
 }
 
-func newMatchCodec() *matchCodec {
-	return &matchCodec{proto: encoding.GetCodecV2(proto.Name)}
+func newMatchCodec(l limits) *matchCodec {
+	return &matchCodec{proto: encoding.GetCodecV2(proto.Name), limits: l}
 }
 
 // Name is protobuf's: the codec reads and writes the same bytes.
@@ -52,24 +53,23 @@ func (c *matchCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	// of grpc-go's pool, not a new one.
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
-	b, m := buf.ReadOnlyData(), v.(protobuf.Message)
-	if n, _ := countProto(b, m); !n.within() {
-		refusedStandIn(m, n)
-		return nil
-	}
-	if r, ok := v.(*kvpipev1.MatchRequest); ok {
+	return decodeWithin(buf.ReadOnlyData(), v.(protobuf.Message), c.limits, countProto, c.unmarshal)
+}
+
+func (c *matchCodec) unmarshal(b []byte, m protobuf.Message) error {
+	if r, ok := m.(*kvpipev1.MatchRequest); ok {
 		return unmarshalMatchRequest(b, r, &c.keys)
 	}
 	return protobuf.Unmarshal(b, m)
 }
 
 // connectProto is connect's protobuf codec, but a match message is
-// counted before it is decoded (decodeCount).
-type connectProto struct{}
+// counted before it is decoded (decodeCount), against limits.
+type connectProto struct{ limits limits }
 
 func (connectProto) Name() string { return proto.Name }
 
-func (connectProto) Marshal(v any) ([]byte, error) { return connectProto{}.MarshalAppend(nil, v) }
+func (c connectProto) Marshal(v any) ([]byte, error) { return c.MarshalAppend(nil, v) }
 
 // MarshalAppend lets connect marshal into a buffer of its own pool.
 func (connectProto) MarshalAppend(dst []byte, v any) ([]byte, error) {
@@ -80,17 +80,20 @@ func (connectProto) MarshalAppend(dst []byte, v any) ([]byte, error) {
 	return protobuf.MarshalOptions{}.MarshalAppend(dst, m)
 }
 
-func (connectProto) Unmarshal(b []byte, v any) error {
+func (c connectProto) Unmarshal(b []byte, v any) error {
 	m, err := asProto(v)
 	if err != nil {
 		return err
 	}
-	return decodeWithin(b, m, countProto, func(b []byte, m protobuf.Message) error { return protobuf.Unmarshal(b, m) })
+	return decodeWithin(b, m, c.limits, countProto, func(b []byte, m protobuf.Message) error { return protobuf.Unmarshal(b, m) })
 }
 
 // connectJSON is connect's JSON codec (under name, one of the two content
 // types connect knows it by), with match messages counted first.
-type connectJSON struct{ name string }
+type connectJSON struct {
+	name   string
+	limits limits
+}
 
 func (c connectJSON) Name() string { return c.name }
 
@@ -106,7 +109,7 @@ func (connectJSON) MarshalAppend(dst []byte, v any) ([]byte, error) {
 
 // Unmarshal leaves unknown fields out, as connect's own does: a client of
 // a newer schema is still answered.
-func (connectJSON) Unmarshal(b []byte, v any) error {
+func (c connectJSON) Unmarshal(b []byte, v any) error {
 	m, err := asProto(v)
 	if err != nil {
 		return err
@@ -114,13 +117,14 @@ func (connectJSON) Unmarshal(b []byte, v any) error {
 	if len(b) == 0 {
 		return errors.New("an empty body is not a JSON object")
 	}
-	return decodeWithin(b, m, countJSON, protojson.UnmarshalOptions{DiscardUnknown: true}.Unmarshal)
+	return decodeWithin(b, m, c.limits, countJSON, protojson.UnmarshalOptions{DiscardUnknown: true}.Unmarshal)
 }
 
-// connectCodecs are the codecs of the main port's Connect handler.
-func connectCodecs() []connect.HandlerOption {
-	return []connect.HandlerOption{connect.WithCodec(connectProto{}),
-		connect.WithCodec(connectJSON{"json"}), connect.WithCodec(connectJSON{"json; charset=utf-8"})}
+// connectCodecs are the codecs of the main port's Connect handler, for
+// requests of limits l.
+func connectCodecs(l limits) []connect.HandlerOption {
+	return []connect.HandlerOption{connect.WithCodec(connectProto{l}),
+		connect.WithCodec(connectJSON{"json", l}), connect.WithCodec(connectJSON{"json; charset=utf-8", l})}
 }
 
 func asProto(v any) (protobuf.Message, error) {

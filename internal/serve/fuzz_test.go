@@ -12,6 +12,7 @@ import (
 	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -198,11 +199,13 @@ func FuzzHandler(f *testing.F) {
 }
 
 // The counts taken before decoding are the decoded message's, for every
-// match message that decodes, in binary and in JSON; none panics.
+// match message that decodes, in binary and in JSON (tokens and keys at
+// least); none panics.
 func FuzzDecodeCounts(f *testing.F) {
 	mm := []*kvpipev1.MultiModal{{Hash: "a{", Offset: 1, Length: 2}, {}}
 	for _, m := range []proto.Message{
 		&kvpipev1.MatchRequest{Tokens: chainTokens(1, 2), Multimodal: mm, Salt: `"{`},
+		&kvpipev1.MatchRequest{Keys: []uint64{1, 1 << 60}, EagleKeys: []uint64{7}},
 		&kvpipev1.MatchBatchRequest{Requests: []*kvpipev1.MatchRequest{{}, {Multimodal: mm}, {LoraName: `\"}`}}},
 	} {
 		_, batch := m.(*kvpipev1.MatchBatchRequest)
@@ -211,6 +214,15 @@ func FuzzDecodeCounts(f *testing.F) {
 		js, _ := protojson.Marshal(m)
 		f.Add(js, true, batch)
 	}
+	// Tokens and keys unpacked, one a field: valid, and counted too.
+	var unpacked []byte
+	for i := range 3 {
+		unpacked = protowire.AppendTag(unpacked, matchTokensField, protowire.VarintType)
+		unpacked = protowire.AppendVarint(unpacked, uint64(i)<<20)
+		unpacked = protowire.AppendTag(unpacked, matchEagleKeysField, protowire.Fixed64Type)
+		unpacked = protowire.AppendFixed64(unpacked, uint64(i))
+	}
+	f.Add(unpacked, false, false)
 	f.Fuzz(func(t *testing.T, data []byte, asJSON, batch bool) {
 		var m proto.Message = &kvpipev1.MatchRequest{}
 		if batch {
@@ -227,11 +239,16 @@ func FuzzDecodeCounts(f *testing.F) {
 		var want decodeCount
 		switch m := m.(type) {
 		case *kvpipev1.MatchRequest:
-			want.multimodal = len(m.Multimodal)
+			want = decodeCount{multimodal: len(m.Multimodal), tokens: len(m.Tokens), keys: max(len(m.Keys), len(m.EagleKeys))}
 		case *kvpipev1.MatchBatchRequest:
 			want = decodeCount{batch: true, requests: len(m.Requests), multimodal: multimodalIn(m)}
 		}
-		if got != want {
+		// Objects exactly; tokens and keys at least (a JSON name with an
+		// escape counts its values as both).
+		objects := func(c decodeCount) decodeCount {
+			return decodeCount{batch: c.batch, requests: c.requests, multimodal: c.multimodal}
+		}
+		if objects(got) != objects(want) || got.tokens < want.tokens || got.keys < want.keys {
 			t.Fatalf("counted %+v, decoded %+v", got, want)
 		}
 	})

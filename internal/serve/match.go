@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -36,13 +37,10 @@ func (s *service) MatchBatch(ctx context.Context, req *connect.Request[kvpipev1.
 }
 
 func (s *service) matchBatch(ctx context.Context, h http.Header, r *kvpipev1.MatchBatchRequest) (*kvpipev1.MatchBatchResponse, error) {
-	if len(r.Requests) > maxBatch {
+	c := decodeCount{batch: true, requests: len(r.Requests), multimodal: multimodalIn(r)}
+	if err := cmp.Or(refusal(r), c.refusal(s.limits)); err != nil {
 		s.guard.refused("invalid_argument")
-		return nil, invalid("match batch: more than the limit of %d requests: split it", maxBatch)
-	}
-	if n := multimodalIn(r); n > maxMessageMultiModal {
-		s.guard.refused("invalid_argument")
-		return nil, invalid("match batch: more than the limit of %d multimodal inputs in all: split it", maxMessageMultiModal)
+		return nil, err
 	}
 	out := &kvpipev1.MatchBatchResponse{Responses: make([]*kvpipev1.MatchResponse, len(r.Requests))}
 	for i, q := range r.Requests {
@@ -79,7 +77,7 @@ func refusedInPlace(out *kvpipev1.MatchResponse, err error) (*kvpipev1.MatchResp
 }
 
 func (s *service) match(ctx context.Context, h http.Header, r *kvpipev1.MatchRequest) (*kvpipev1.MatchResponse, error) {
-	if err := s.limits.checkMatch(r); err != nil {
+	if err := cmp.Or(refusal(r), s.limits.checkMatch(r)); err != nil {
 		s.guard.refused("invalid_argument")
 		return nil, err
 	}

@@ -159,7 +159,7 @@ func (s *rest) readJSON(w http.ResponseWriter, r *http.Request, m proto.Message)
 	case err != nil:
 		err = invalid("request body: %v", err)
 	default:
-		if err = decodeWithin(data, m, countJSON, protojson.Unmarshal); err != nil {
+		if err = decodeWithin(data, m, s.svc.limits, countJSON, protojson.Unmarshal); err != nil {
 			err = invalid("request body is not a %s in JSON: %v", m.ProtoReflect().Descriptor().Name(), err)
 		}
 	}

@@ -120,7 +120,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.svc = &service{p: cfg.Pipeline, limits: limits{maxTokens: cfg.MaxTokens, blockSize: cfg.BlockSize}, guard: g,
 		draining: s.draining, saved: s.saveWorkers, specs: map[string]*kvpipev1.WorkerSpec{}, added: map[string]time.Time{}}
 	s.svc.mon = newMonitor(cfg.Pipeline.Stats, s.svc.spec, cfg.Poll)
-	s.grpc = &grpcService{svc: s.svc, codec: newMatchCodec(), inFlight: s.inFlight}
+	s.grpc = &grpcService{svc: s.svc, codec: newMatchCodec(s.svc.limits), inFlight: s.inFlight}
 	s.handler = s.routes()
 	return s, nil
 }
@@ -151,7 +151,7 @@ func (s *Server) Handler() http.Handler { return s.handler }
 
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
-	opts := append(connectCodecs(), connect.WithInterceptors(s.svc.guard.interceptor()),
+	opts := append(connectCodecs(s.svc.limits), connect.WithInterceptors(s.svc.guard.interceptor()),
 		connect.WithReadMaxBytes(s.cfg.MaxMessageBytes), connect.WithCompressMinBytes(compressMinBytes))
 	path, h := kvpipev1connect.NewIndexServiceHandler(s.svc, opts...)
 	mux.Handle(path, h)
