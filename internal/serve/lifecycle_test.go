@@ -296,3 +296,41 @@ func TestDrainAnswersASlowDump(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 }
+
+// A drain ends every watch with Unavailable, on both ports and over
+// HTTP/JSON (a last line in the error shape): a client tells it from an
+// end of its own and watches another server.
+func TestDrainEndsWatchesUnavailable(t *testing.T) {
+	r := start(t, Config{})
+	connectWatch, err := r.grpc.WatchWorkers(context.Background(), connect.NewRequest(&kvpipev1.WatchWorkersRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	grpcWatch, err := r.grpcgo.WatchWorkers(context.Background(), &kvpipev1.WatchWorkersRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := r.http.Get(r.url + "/v1/watch")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	eventually(t, "the watches open", func() bool { return r.gauge("kvpipe_serve_in_flight_requests") >= 3 })
+	stopped := make(chan error, 1)
+	go func() { stopped <- r.stop() }()
+	for connectWatch.Receive() {
+	}
+	wantCode(t, "connect's watch", connectWatch.Err(), connect.CodeUnavailable)
+	var grpcErr error
+	for grpcErr == nil {
+		_, grpcErr = grpcWatch.Recv()
+	}
+	wantCode(t, "grpc-go's watch", grpcErr, connect.CodeUnavailable)
+	lines, _ := io.ReadAll(resp.Body)
+	if !strings.HasSuffix(string(lines), "\n") || !strings.Contains(string(lines), `"code":"unavailable"`) {
+		t.Errorf("/v1/watch ended with %q, want a last line of code unavailable", lines)
+	}
+	if err := <-stopped; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}

@@ -70,8 +70,9 @@ func (s *rest) restMatchBatch(w http.ResponseWriter, r *http.Request) {
 // line by line by any HTTP client (curl -N, a Python or Rust loop) with no
 // event-stream parser, and a router reconnects on its own terms, where
 // server-sent events would add a browser's retry and event ids nothing
-// here needs. A stream that falls behind ends with a last line in the
-// error shape ({"code": "resource_exhausted", ...}): reconnect.
+// here needs. A stream that falls behind, or the server draining, ends it
+// with a last line in the error shape ({"code": "resource_exhausted", ...},
+// "unavailable"): reconnect.
 func (s *rest) restWatch(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	w.Header().Set("Content-Type", "application/x-ndjson")
@@ -90,8 +91,9 @@ func (s *rest) restWatch(w http.ResponseWriter, r *http.Request) {
 		}
 		return err
 	})
-	if connect.CodeOf(err) == connect.CodeResourceExhausted {
-		body, _ := json.Marshal(errorBody{connect.CodeResourceExhausted.String(), message(err)})
+	switch code := connect.CodeOf(err); code {
+	case connect.CodeResourceExhausted, connect.CodeUnavailable: // lagged, draining
+		body, _ := json.Marshal(errorBody{code.String(), message(err)})
 		w.Write(append(body, '\n'))
 	}
 }

@@ -204,6 +204,11 @@ func (s *service) WatchWorkers(ctx context.Context, req *connect.Request[kvpipev
 	return s.watch(ctx, s.guard.holds(req.Header()), stream.Send)
 }
 
+// errWatchDraining ends a watch when the server drains: a client tells it
+// from an end of its own, and watches another server.
+var errWatchDraining = connect.NewError(connect.CodeUnavailable,
+	errors.New("watch: the server is shutting down: watch another server"))
+
 // watch sends worker events until ctx ends or the server drains, with the
 // endpoints only when full (the caller holds the token).
 func (s *service) watch(ctx context.Context, full bool, send func(*kvpipev1.WorkerEvent) error) error {
@@ -214,7 +219,7 @@ func (s *service) watch(ctx context.Context, full bool, send func(*kvpipev1.Work
 		case <-ctx.Done():
 			return nil
 		case <-s.draining.Done():
-			return nil
+			return errWatchDraining
 		case <-w.lagged:
 			return connect.NewError(connect.CodeResourceExhausted, errors.New("watch: the stream fell behind the workers' changes: call again"))
 		case ev := <-w.events:
