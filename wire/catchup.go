@@ -101,7 +101,7 @@ func (s *Subscriber) catchUp(ctx context.Context, sub *zsock.Receiver, h Handler
 // send sends the request replayState asks for; false when it did not go out.
 func (c *replayCall) send(ctx context.Context) bool {
 	c.askNow = false
-	if !c.s.replay.request(ctx, c.r.ask(c.recheck)) {
+	if !c.s.replay.request(ctx, c.r.ask(c.recheck), c.s.serving) {
 		c.askNow, c.recheck = true, false
 		return false
 	}
@@ -360,12 +360,16 @@ func timedOut(err error) bool {
 }
 
 // request sends a replay request for every batch from start on, dialling
-// the replay socket first if needed. It reports whether the request went out.
-func (p *replayer) request(ctx context.Context, start uint64) bool {
+// the replay socket first if needed, through serving (Subscriber.serving:
+// a dial takes up to replayHandshake, and Checkpoint is answered
+// meanwhile). It reports whether the request went out.
+func (p *replayer) request(ctx context.Context, start uint64, serving func(func())) bool {
 	if p.dealer == nil {
 		g := p.cfg.guard(p.stats)
 		g.limits.HandshakeTimeout = min(conf.Or(g.limits.HandshakeTimeout, zmtp.DefaultHandshakeTimeout), replayHandshake)
-		sock, err := dial(ctx, zmq4.Dealer, p.cfg.ReplayEndpoint, g)
+		var sock zmq4.Socket
+		var err error
+		serving(func() { sock, err = dial(ctx, zmq4.Dealer, p.cfg.ReplayEndpoint, g) })
 		p.hung = err != nil && timedOut(err)
 		if err != nil {
 			if ctx.Err() == nil {

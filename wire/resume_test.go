@@ -2,6 +2,10 @@ package wire
 
 import (
 	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -152,6 +156,46 @@ func TestCheckpointAnsweredWhileAReplayWaits(t *testing.T) {
 	}
 	if pos.Seq != last || !pos.Known {
 		t.Errorf("position %+v during the replay, want seq %d (the last applied), known", pos, last)
+	}
+}
+
+// A replay's dial to an endpoint that accepts and never speaks lasts
+// replayHandshake (1 s); a Checkpoint meanwhile is answered at once, while
+// the connection the dial waits on is still open. (The catch-up of a new
+// session dials first, before any batch.)
+func TestCheckpointAnsweredWhileAReplayDialHangs(t *testing.T) {
+	ep := freeTCP(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		if c, err := l.Accept(); err == nil {
+			accepted <- c
+		}
+	}()
+	pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep})
+	defer pub.Close()
+	s, _ := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: "tcp://" + l.Addr().String(), Options: Options{TailCheck: -1}})
+	var conn net.Conn
+	select {
+	case conn = <-accepted:
+		defer conn.Close()
+	case <-time.After(10 * time.Second):
+		t.Fatal("the replay never dialled")
+	}
+	wait, stop := context.WithTimeout(context.Background(), 10*time.Second)
+	defer stop()
+	if err := s.Checkpoint(wait, func() {}); err != nil {
+		t.Fatalf("Checkpoint during the replay's dial: %v", err)
+	}
+	// The dial still waits: its connection is open (what it sent read, no
+	// end of it).
+	conn.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+	if _, err = io.Copy(io.Discard, conn); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("the dial ended before the Checkpoint was answered: %v", err)
 	}
 }
 
