@@ -162,7 +162,7 @@ func (s *Server) routes() http.Handler {
 			defer s.inFlight.Dec()
 		}
 		if streamPaths[r.URL.Path] {
-			defer s.svc.cutOnDrain(w)()
+			defer cutOnDrain(s.draining, w)()
 		}
 		w, r = withStreamConn(w, r)
 		mux.ServeHTTP(w, r)

@@ -214,15 +214,15 @@ var streamPaths = map[string]bool{
 	"/v1/watch": true,
 }
 
-// cutOnDrain sets a write deadline on w, streamGrace after the server
-// starts draining, so that a write waiting on a client that does not read
-// fails. The returned func, called before the handler returns, stops it:
-// once it has, w is not touched (net/http reuses it).
-func (s *service) cutOnDrain(w http.ResponseWriter) (stop func()) {
+// cutOnDrain sets a write deadline on w, streamGrace after draining is
+// done (the server drains), so that a write waiting on a client that does
+// not read fails. The returned func, called before the handler returns,
+// stops it: once it has, w is not touched (net/http reuses it).
+func cutOnDrain(draining context.Context, w http.ResponseWriter) (stop func()) {
 	rc := http.NewResponseController(w)
 	var mu sync.Mutex // held while the deadline is set
 	done := false
-	stopAfter := context.AfterFunc(s.draining, func() {
+	stopAfter := context.AfterFunc(draining, func() {
 		mu.Lock()
 		defer mu.Unlock()
 		if !done {
