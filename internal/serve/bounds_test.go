@@ -166,13 +166,7 @@ func TestDecodeCounts(t *testing.T) {
 		&kvpipev1.MatchBatchRequest{},
 		&kvpipev1.MatchBatchRequest{Requests: []*kvpipev1.MatchRequest{{}, {Multimodal: mm}, {LoraName: "{\\"}, {Multimodal: mm[:1]}}},
 	} {
-		var want decodeCount
-		switch m := m.(type) {
-		case *kvpipev1.MatchRequest:
-			want = decodeCount{multimodal: len(m.Multimodal), tokens: len(m.Tokens), keys: max(len(m.Keys), len(m.EagleKeys))}
-		case *kvpipev1.MatchBatchRequest:
-			want = decodeCount{batch: true, requests: len(m.Requests), multimodal: multimodalIn(m)}
-		}
+		want := decodedCount(m)
 		wire, _ := proto.Marshal(m)
 		text, _ := protojson.Marshal(m)
 		if got, ok := countProto(wire, m); !ok || got != want {
@@ -198,4 +192,16 @@ func TestDecodeCountsEscapedNames(t *testing.T) {
 	if c, _ := countJSON(body, &m); c.tokens < 3 {
 		t.Errorf("counted %+v, want at least 3 tokens", c)
 	}
+}
+
+// decodedCount is what countProto and countJSON should find in m, the
+// message decoded.
+func decodedCount(m proto.Message) decodeCount {
+	switch m := m.(type) {
+	case *kvpipev1.MatchRequest:
+		return decodeCount{multimodal: len(m.Multimodal), tokens: len(m.Tokens), keys: max(len(m.Keys), len(m.EagleKeys))}
+	case *kvpipev1.MatchBatchRequest:
+		return decodeCount{batch: true, requests: len(m.Requests), multimodal: multimodalIn(m)}
+	}
+	return decodeCount{}
 }

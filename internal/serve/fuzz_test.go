@@ -236,13 +236,7 @@ func FuzzDecodeCounts(f *testing.F) {
 		if decode(data, m) != nil {
 			return
 		}
-		var want decodeCount
-		switch m := m.(type) {
-		case *kvpipev1.MatchRequest:
-			want = decodeCount{multimodal: len(m.Multimodal), tokens: len(m.Tokens), keys: max(len(m.Keys), len(m.EagleKeys))}
-		case *kvpipev1.MatchBatchRequest:
-			want = decodeCount{batch: true, requests: len(m.Requests), multimodal: multimodalIn(m)}
-		}
+		want := decodedCount(m)
 		// Objects exactly; tokens and keys at least (a JSON name with an
 		// escape counts its values as both).
 		objects := func(c decodeCount) decodeCount {
