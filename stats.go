@@ -1,9 +1,10 @@
 package kvpipe
 
 import (
+	"slices"
+
 	"github.com/kvpipe/kvpipe/actor"
 	"github.com/kvpipe/kvpipe/wire"
-	"slices"
 )
 
 // Stats are the pipeline's counters as of one call of Pipeline.Stats:

@@ -10,8 +10,8 @@ import (
 )
 
 // The table answers by id and by name for the workers added and not
-// removed, in id order, while readers read it (run with -race): a reader's
-// view is never changed under it.
+// removed, in id order, while readers read it (run with -race: a reader's
+// view is never written under it).
 func TestWorkerTable(t *testing.T) {
 	var tab workerTable
 	var live []*worker
@@ -25,17 +25,14 @@ func TestWorkerTable(t *testing.T) {
 					return
 				default:
 				}
+				// The race detector checks that nothing writes what a
+				// view reads.
 				view := tab.all()
-				first := slices.Clone(view)
 				for i := 1; i < len(view); i++ {
 					if view[i-1].id >= view[i].id {
 						t.Errorf("not in id order: %d then %d", view[i-1].id, view[i].id)
 						return
 					}
-				}
-				if !slices.Equal(first, view) {
-					t.Error("a reader's view changed under it")
-					return
 				}
 			}
 		})

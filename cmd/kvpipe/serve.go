@@ -66,7 +66,7 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveFlags, bool) {
 	f.maxTokens = fs.Int("max-tokens", 1<<20, "most tokens in one match request")
 	f.maxBytes = fs.Int("max-message-bytes", 8<<20, "largest request body")
 	f.drain = fs.Duration("drain-timeout", 10*time.Second, "on SIGTERM, how long in-flight calls may take")
-	f.idle = fs.Duration("idle-timeout", 2*time.Minute, "close a connection with no call open for this long")
+	f.idle = fs.Duration("idle-timeout", 2*time.Minute, "close a connection with no call open for this long (0 or less: 2m)")
 	f.readyTimeout = fs.Duration("ready-timeout", 30*time.Second, "how long /readyz waits for a registered worker to connect; past it the worker counts as partial (negative: for ever)")
 	f.verbose = fs.Bool("v", false, "log to stderr")
 	if err := fs.Parse(args); err != nil {

@@ -54,8 +54,10 @@ func TestRestartKeepsStreamsAndClientsReconnect(t *testing.T) {
 	// A flush sent before the client has seen the stop fails as that
 	// connection closes ("connection closed"): ask again until one is
 	// answered, on the connection made again.
+	again, cancelAgain := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancelAgain()
 	for err := nc.FlushTimeout(time.Second); err != nil; err = nc.FlushTimeout(time.Second) {
-		if ctx.Err() != nil || nc.IsClosed() {
+		if again.Err() != nil || nc.IsClosed() {
 			t.Fatalf("client did not reconnect after StartAgain: %v (status %v)", err, nc.Status())
 		}
 	}

@@ -2,6 +2,7 @@ package serve
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"math/bits"
 
 	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1"
@@ -60,19 +61,24 @@ func (c decodeCount) refusal(l limits) error {
 	return nil
 }
 
+// requestCount is the count of r, decoded.
+func requestCount(r *kvpipev1.MatchRequest) decodeCount {
+	return decodeCount{multimodal: len(r.Multimodal), tokens: len(r.Tokens), keys: max(len(r.Keys), len(r.EagleKeys))}
+}
+
 // countProto counts m's objects in b, its protobuf encoding, when m is a
 // match message (ok false for the others). It stops at the first malformed
 // field, which decoding then reports.
 func countProto(b []byte, m proto.Message) (c decodeCount, ok bool) {
 	switch m.(type) {
 	case *kvpipev1.MatchRequest:
-		return countRequest(b), true
+		return countRequest(b, true), true
 	case *kvpipev1.MatchBatchRequest:
 		c.batch = true
 		eachField(b, func(num protowire.Number, typ protowire.Type, v []byte) {
 			if num == batchRequestsField && typ == protowire.BytesType {
 				c.requests++
-				c.multimodal += countRequest(v).multimodal
+				c.multimodal += countRequest(v, false).multimodal
 			}
 		})
 		return c, true
@@ -80,15 +86,16 @@ func countProto(b []byte, m proto.Message) (c decodeCount, ok bool) {
 	return c, false
 }
 
-// countRequest counts the tokens, keys and multimodal inputs of the
-// MatchRequest b, packed or not.
-func countRequest(b []byte) decodeCount {
+// countRequest counts the multimodal inputs of the MatchRequest b, and
+// with scalars its tokens and keys, packed or not.
+func countRequest(b []byte, scalars bool) decodeCount {
 	var c decodeCount
 	var keys, eagleKeys int
 	eachField(b, func(num protowire.Number, typ protowire.Type, v []byte) {
 		switch {
 		case num == matchMultiModalField && typ == protowire.BytesType:
 			c.multimodal++
+		case !scalars:
 		case num == matchTokensField && typ == protowire.VarintType:
 			c.tokens++
 		case num == matchTokensField && typ == protowire.BytesType:
@@ -150,10 +157,10 @@ func eachField(b []byte, f func(protowire.Number, protowire.Type, []byte)) {
 // countJSON counts m's objects in b, its JSON form, when m is a match
 // message: the objects opened at the depths where the mapping puts
 // requests and multimodal inputs (any other object there is an error of
-// decoding, or an unknown field's, and counted all the same), and a single
-// request's tokens and keys, the values of its arrays of those names (any
-// name with an escape in it counts as both). It reads the bytes once and
-// allocates nothing.
+// decoding, or an unknown field's that connect's JSON skips, and counted
+// all the same), and a single request's tokens and keys, the values of its
+// arrays of those names. It reads the bytes once and allocates nothing,
+// but for a field name written with escapes.
 func countJSON(b []byte, m proto.Message) (c decodeCount, ok bool) {
 	var j jsonCounter
 	switch m.(type) {
@@ -192,7 +199,7 @@ const (
 	arrayTokens
 	arrayKeys
 	arrayEagleKeys
-	arrayEscaped // tokens and keys, for all countJSON knows
+	arrayEscaped // a name that does not unescape: tokens and keys, for all countJSON knows
 )
 
 func (j *jsonCounter) step(i int, ch byte, b []byte, c *decodeCount) {
@@ -223,8 +230,8 @@ func (j *jsonCounter) step(i int, ch byte, b []byte, c *decodeCount) {
 			j.keyStart, j.keyEscaped = i+1, false
 		}
 	case ':':
-		if j.level == 1 {
-			j.array = arrayOf(b[j.keyStart:j.keyEnd], j.keyEscaped)
+		if j.level == 1 && j.keyStart > 0 { // a name read (else no JSON)
+			j.array = arrayOf(b[j.keyStart-1:j.keyEnd+1], j.keyEscaped)
 		}
 	case '{', '[':
 		j.level++
@@ -266,10 +273,19 @@ func (j *jsonCounter) countValue() {
 	}
 }
 
-func arrayOf(name []byte, escaped bool) int {
+// arrayOf is what the array of a request's field of name holds; escaped,
+// name (its JSON quotes around it) is unescaped first, which only such a
+// name pays for.
+func arrayOf(quoted []byte, escaped bool) int {
+	name := quoted[1 : len(quoted)-1]
+	if escaped {
+		var s string
+		if json.Unmarshal(quoted, &s) != nil {
+			return arrayEscaped // not a name protojson takes either
+		}
+		name = []byte(s)
+	}
 	switch {
-	case escaped:
-		return arrayEscaped
 	case string(name) == "tokens":
 		return arrayTokens
 	case string(name) == "keys":
@@ -282,10 +298,9 @@ func arrayOf(name []byte, escaped bool) int {
 
 // refusedField is the field number (the highest protobuf allows) under
 // which a codec that refused to decode a match message leaves why, in the
-// message's unknown fields. grpc-go makes any codec error Internal; the
-// handler, which refuses with InvalidArgument and counts the refusal, so
-// refuses it on every port. A client that sends the field itself is
-// refused with its own words.
+// message's unknown fields: grpc-go makes any codec error Internal, so the
+// handler refuses it, with InvalidArgument, on every port. The proto
+// reserves the number; one a client sends is dropped (dropRefusals).
 const refusedField = protowire.MaxValidNumber
 
 // decodeWithin decodes b into m, unless m is a match message that count
@@ -298,7 +313,11 @@ func decodeWithin(b []byte, m proto.Message, l limits, count func([]byte, proto.
 	}
 	why := c.refusal(l)
 	if why == nil {
-		return decode(b, m)
+		if err := decode(b, m); err != nil {
+			return err
+		}
+		dropRefusals(m)
+		return nil
 	}
 	proto.Reset(m)
 	m.ProtoReflect().SetUnknown(protowire.AppendString(protowire.AppendTag(nil, refusedField, protowire.BytesType), message(why)))
@@ -319,4 +338,48 @@ func refusal(m proto.Message) error {
 		}
 	})
 	return err
+}
+
+// dropRefusals drops the refusedField a client sent in m, a match message
+// decoded: only a codec's refusal is one.
+func dropRefusals(m proto.Message) {
+	switch m := m.(type) {
+	case *kvpipev1.MatchRequest:
+		dropRefusal(m)
+	case *kvpipev1.MatchBatchRequest:
+		for _, r := range m.Requests {
+			dropRefusal(r)
+		}
+	}
+}
+
+func dropRefusal(m proto.Message) {
+	u := m.ProtoReflect().GetUnknown()
+	if len(u) == 0 || refusal(m) == nil {
+		return
+	}
+	var kept []byte
+	eachRaw(u, func(num protowire.Number, field []byte) {
+		if num != refusedField {
+			kept = append(kept, field...)
+		}
+	})
+	m.ProtoReflect().SetUnknown(kept)
+}
+
+// eachRaw calls f with each field of the message b, number and whole
+// encoding (tag included), up to the first malformed one.
+func eachRaw(b []byte, f func(protowire.Number, []byte)) {
+	for len(b) > 0 {
+		num, typ, tn := protowire.ConsumeTag(b)
+		if tn < 0 {
+			return
+		}
+		vn := protowire.ConsumeFieldValue(num, typ, b[tn:])
+		if vn < 0 {
+			return
+		}
+		f(num, b[:tn+vn])
+		b = b[tn+vn:]
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1"
 	"github.com/kvpipe/kvpipe/internal/serve/kvpipev1/kvpipev1connect"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -50,7 +51,7 @@ func oversizeMatches(size int) []oversize {
 		{"a batch of empty requests", "requests, more than the limit of 4096", batch, `{"requests":` + objects(n) + "}"},
 		{"a batch of requests with empty multimodal inputs", "multimodal inputs in all, more than the limit of 65536", wide,
 			`{"requests":[` + strings.Repeat(wideRequest+",", maxBatch-1) + wideRequest + "]}"},
-		{"a match of empty multimodal inputs", "multimodal inputs, more than 1024",
+		{"a match of empty multimodal inputs", "524288 multimodal inputs, more than 1024",
 			&kvpipev1.MatchRequest{Multimodal: emptyMM(n)}, `{"multimodal":` + objects(n) + "}"},
 		// Past a server's MaxTokens of size/16 and its keys (block size 16).
 		{"a match of tokens past the limit", "tokens, more than the limit",
@@ -181,16 +182,29 @@ func TestDecodeCounts(t *testing.T) {
 	}
 }
 
-// A JSON name written with escapes is the field protojson decodes it as:
-// its values are counted, as tokens and as keys, rather than let through.
-func TestDecodeCountsEscapedNames(t *testing.T) {
-	body := []byte(`{"\u0074okens":[1,2,3]}`)
-	var m kvpipev1.MatchRequest
-	if err := protojson.Unmarshal(body, &m); err != nil || len(m.Tokens) != 3 {
-		t.Fatalf("protojson: %v, %d tokens", err, len(m.Tokens))
+// A JSON name written with escapes is the field protojson decodes it as,
+// and counted as that field: its values neither let through nor counted
+// as what they are not (as keys, tokens past maxKeys refused a request
+// within its limits). A client's own refusedField is dropped.
+func TestDecodeCountsEscapedNamesAndRefusals(t *testing.T) {
+	for _, body := range []string{`{"\u0074okens":[1,2,3]}`, `{"k\u0065ys":["1","2"],"eagle\u005fkeys":["3"]}`} {
+		var m kvpipev1.MatchRequest
+		if err := protojson.Unmarshal([]byte(body), &m); err != nil {
+			t.Fatalf("protojson: %v", err)
+		}
+		if c, _ := countJSON([]byte(body), &m); c != requestCount(&m) {
+			t.Errorf("%s: counted %+v, decoded %+v", body, c, requestCount(&m))
+		}
 	}
-	if c, _ := countJSON(body, &m); c.tokens < 3 {
-		t.Errorf("counted %+v, want at least 3 tokens", c)
+	sent := protowire.AppendString(protowire.AppendTag(nil, refusedField, protowire.BytesType), "my own words")
+	sent = protowire.AppendTag(sent, matchKeysField, protowire.BytesType)
+	sent = protowire.AppendBytes(sent, make([]byte, 8))
+	var m kvpipev1.MatchRequest
+	if err := decodeWithin(sent, &m, limits{maxTokens: 64, blockSize: testBlock}, countProto, proto.Unmarshal); err != nil || len(m.Keys) != 1 {
+		t.Fatalf("decoded %v, %v", &m, err)
+	}
+	if err := refusal(&m); err != nil {
+		t.Errorf("a client's refusedField refused its request: %v", err)
 	}
 }
 
@@ -199,7 +213,7 @@ func TestDecodeCountsEscapedNames(t *testing.T) {
 func decodedCount(m proto.Message) decodeCount {
 	switch m := m.(type) {
 	case *kvpipev1.MatchRequest:
-		return decodeCount{multimodal: len(m.Multimodal), tokens: len(m.Tokens), keys: max(len(m.Keys), len(m.EagleKeys))}
+		return requestCount(m)
 	case *kvpipev1.MatchBatchRequest:
 		return decodeCount{batch: true, requests: len(m.Requests), multimodal: multimodalIn(m)}
 	}

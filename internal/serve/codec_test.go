@@ -155,9 +155,9 @@ func TestMatchCodecKeysOneAField(t *testing.T) {
 	}
 }
 
-// BenchmarkMatchCodec decodes a router's requests as the grpc-go port
-// does, counted first: 600 keys, or 8,192 tokens.
-func BenchmarkMatchCodec(b *testing.B) {
+// routerRequests are a router's requests, encoded: 600 keys, or 8,192
+// tokens.
+func routerRequests(b *testing.B) map[string][]byte {
 	keys := make([]uint64, 600)
 	for i := range keys {
 		keys[i] = uint64(i) * 0x9e3779b97f4a7c15
@@ -166,11 +166,38 @@ func BenchmarkMatchCodec(b *testing.B) {
 	for i := range tokens {
 		tokens[i] = uint32(i * 7919 % 150000)
 	}
+	out := map[string][]byte{}
 	for name, m := range map[string]*kvpipev1.MatchRequest{"keys=600": {Keys: keys}, "tokens=8192": {Tokens: tokens}} {
 		wire, err := proto.Marshal(m)
 		if err != nil {
 			b.Fatal(err)
 		}
+		out[name] = wire
+	}
+	return out
+}
+
+// BenchmarkCountRequest is the count a codec takes of a request before it
+// decodes it (countProto), alone.
+func BenchmarkCountRequest(b *testing.B) {
+	for name, wire := range routerRequests(b) {
+		b.Run(name, func(b *testing.B) {
+			b.SetBytes(int64(len(wire)))
+			b.ReportAllocs()
+			var r kvpipev1.MatchRequest
+			for b.Loop() {
+				if c, _ := countProto(wire, &r); c.tokens+c.keys == 0 {
+					b.Fatal("counted nothing")
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkMatchCodec decodes a router's requests as the grpc-go port
+// does, counted first.
+func BenchmarkMatchCodec(b *testing.B) {
+	for name, wire := range routerRequests(b) {
 		b.Run(name, func(b *testing.B) {
 			c := newMatchCodec(limits{maxTokens: 1 << 20, blockSize: testBlock})
 			data := mem.BufferSlice{mem.SliceBuffer(wire)}

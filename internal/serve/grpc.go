@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -44,7 +45,7 @@ type grpcService struct {
 	svc      *service
 	codec    *matchCodec
 	inFlight prometheus.Gauge
-	// conns are the port's connections, for cutOnDrain.
+	// conns are the port's connections, for stopGRPC.
 	conns connSet
 	// readers are the MatchStreams' request readers (streamAnswerer). One
 	// blocked in Recv returns only once its stream has ended, after its
@@ -90,48 +91,53 @@ func serveGRPC(srv *grpc.Server, l net.Listener, conns *connSet) error {
 
 // stopGRPC stops srv as the main port's server drains: new calls refused,
 // in-flight ones answered until ctx ends, then every connection closed.
-func stopGRPC(ctx context.Context, srv *grpc.Server) {
+// Streams end as the drain begins, but one may still owe its client what
+// the client does not read: its handler waiting in a send, or returned
+// with the rest queued (grpc-go holds the stream until it is written).
+// grpc-go cannot end one stream alone, so streamGrace in, the connections
+// of such streams are closed (conns.cutStreaming), with their other calls.
+func stopGRPC(ctx context.Context, srv *grpc.Server, conns *connSet) {
 	var wg sync.WaitGroup
 	stopped := make(chan struct{})
 	wg.Go(func() {
 		srv.GracefulStop()
 		close(stopped)
 	})
-	select {
-	case <-stopped:
-	case <-ctx.Done():
-		srv.Stop() // GracefulStop returns too
+	grace := time.NewTimer(streamGrace)
+	defer grace.Stop()
+	for done := false; !done; {
+		select {
+		case <-stopped:
+			done = true
+		case <-ctx.Done():
+			srv.Stop() // GracefulStop returns too
+			done = true
+		case <-grace.C:
+			conns.cutStreaming()
+		}
 	}
 	wg.Wait()
 }
 
-// cutOnDrain closes the connection of the stream of ctx if it is still
-// open streamGrace into the drain: its handler waits in a send on a client
-// that does not read, and grpc-go has no other way to end one stream than
-// its handler's return (no write deadline). The connection's other calls
-// go with it. The returned func, called as the handler returns, stops it.
-func (g *grpcService) cutOnDrain(ctx context.Context) (stop func()) {
-	p, ok := peer.FromContext(ctx)
-	if !ok {
+// streaming marks the connection of the stream of ctx as one a drain cuts
+// (stopGRPC) while the stream is open; the returned func, called as its
+// handler returns, unmarks it, unless the drain has begun: the stream may
+// still owe its client what is queued.
+func (g *grpcService) streaming(ctx context.Context) (done func()) {
+	p, _ := peer.FromContext(ctx)
+	var c *trackedConn
+	if p != nil {
+		if a, ok := p.Addr.(trackedAddr); ok {
+			c = a.conn
+		}
+	}
+	if c == nil {
 		return func() {}
 	}
-	var mu sync.Mutex // guards cut and done
-	var cut *time.Timer
-	done := false
-	stopAfter := context.AfterFunc(g.svc.draining, func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if !done {
-			cut = time.AfterFunc(streamGrace, func() { g.conns.close(p.Addr.String()) })
-		}
-	})
+	c.streams.Add(1)
 	return func() {
-		stopAfter()
-		mu.Lock()
-		defer mu.Unlock()
-		done = true
-		if cut != nil {
-			cut.Stop()
+		if g.svc.draining.Err() == nil {
+			c.streams.Add(-1)
 		}
 	}
 }
@@ -174,7 +180,7 @@ func (g *grpcService) stream(srv any, ss grpc.ServerStream, info *grpc.StreamSer
 	defer g.inFlight.Dec()
 	switch info.FullMethod {
 	case kvpipev1.IndexService_MatchStream_FullMethodName, kvpipev1.IndexService_WatchWorkers_FullMethodName:
-		defer g.cutOnDrain(ss.Context())()
+		defer g.streaming(ss.Context())()
 	}
 	if guarded(info.FullMethod) {
 		if err := g.svc.guard.authorize(callHeader(ss.Context())); err != nil {
@@ -312,22 +318,27 @@ func (g *grpcService) Dump(r *kvpipev1.DumpRequest, stream grpc.ServerStreamingS
 	return g.svc.dump(stream.Context(), r.Worker, stream.Send)
 }
 
-// connSet holds a listener's open connections by their peer's address, as
-// grpc-go reports it (peer.Peer.Addr): the handle cutOnDrain closes.
+// connSet holds a listener's open connections, so that a drain can cut
+// those of streams that do not end (stopGRPC).
 type connSet struct {
 	mu sync.Mutex
-	m  map[string]net.Conn
+	m  map[*trackedConn]struct{}
 }
 
 // listener is l with each connection it accepts kept in s until closed.
 func (s *connSet) listener(l net.Listener) net.Listener { return trackingListener{l, s} }
 
-// close closes the connection of addr, if it is still open.
-func (s *connSet) close(addr string) {
+// cutStreaming closes the connections with a stream marked (streaming).
+func (s *connSet) cutStreaming() {
 	s.mu.Lock()
-	c := s.m[addr]
+	var cut []*trackedConn
+	for c := range s.m {
+		if c.streams.Load() > 0 {
+			cut = append(cut, c)
+		}
+	}
 	s.mu.Unlock()
-	if c != nil {
+	for _, c := range cut {
 		c.Close()
 	}
 }
@@ -342,29 +353,37 @@ func (l trackingListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &trackedConn{Conn: c, set: l.set, addr: c.RemoteAddr().String()}
+	t := &trackedConn{Conn: c, set: l.set}
 	l.set.mu.Lock()
 	if l.set.m == nil {
-		l.set.m = make(map[string]net.Conn)
+		l.set.m = make(map[*trackedConn]struct{})
 	}
-	l.set.m[t.addr] = t
+	l.set.m[t] = struct{}{}
 	l.set.mu.Unlock()
 	return t, nil
 }
 
+// trackedConn is a connection of a connSet. Its RemoteAddr carries it, so
+// that a handler finds it from its peer (grpc-go's peer.Addr is it).
 type trackedConn struct {
 	net.Conn
-	set  *connSet
-	addr string
-	once sync.Once
+	set     *connSet
+	streams atomic.Int32 // streams marked by streaming
+	once    sync.Once
 }
+
+// trackedAddr is a trackedConn's remote address, the connection with it.
+type trackedAddr struct {
+	net.Addr
+	conn *trackedConn
+}
+
+func (c *trackedConn) RemoteAddr() net.Addr { return trackedAddr{c.Conn.RemoteAddr(), c} }
 
 func (c *trackedConn) Close() error {
 	c.once.Do(func() {
 		c.set.mu.Lock()
-		if c.set.m[c.addr] == c {
-			delete(c.set.m, c.addr)
-		}
+		delete(c.set.m, c)
 		c.set.mu.Unlock()
 	})
 	return c.Conn.Close()

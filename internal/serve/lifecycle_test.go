@@ -168,12 +168,18 @@ func TestDrainingStreamAnswersEveryRequestRead(t *testing.T) {
 
 // A MatchStream whose client sends and never reads its answers is cut
 // streamGrace into the drain, on both ports: its handler waits in a send
-// that only the client could let go on. Before, it held the drain for all
+// that only the client could let go on, or has returned with its answers
+// queued. Before, it held the drain for all
 // of DrainTimeout (10 s by default, a minute here).
 func TestDrainCutsStreamsThatDoNotRead(t *testing.T) {
-	const requests = 20000 // their answers past both clients' windows
-	for _, port := range []string{"main", "grpc-go"} {
-		t.Run(port, func(t *testing.T) {
+	// The answers past both clients' windows: 20,000 block the handler in
+	// a send; 1,200 (about 70 KiB) let it return with the rest queued.
+	for _, c := range []struct {
+		port     string
+		requests int
+	}{{"main", 20000}, {"main", 1200}, {"grpc-go", 20000}, {"grpc-go", 1200}} {
+		port, requests := c.port, c.requests
+		t.Run(fmt.Sprintf("%s/requests=%d", port, requests), func(t *testing.T) {
 			r := start(t, Config{DrainTimeout: time.Minute})
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
@@ -220,9 +226,8 @@ func TestDrainCutsStreamsThatDoNotRead(t *testing.T) {
 }
 
 // A connection with no call open is closed after IdleTimeout, on both
-// ports; one that never sends its preface, after the handshake timeout.
-// Before, an idle HTTP/2 connection stayed open for ever, a few goroutines
-// each.
+// ports. Before, an idle HTTP/2 connection stayed open for ever, a few
+// goroutines each.
 func TestIdleConnectionsClosed(t *testing.T) {
 	r := start(t, Config{IdleTimeout: 200 * time.Millisecond})
 	for port, addr := range map[string]string{

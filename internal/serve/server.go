@@ -161,7 +161,7 @@ func (s *Server) routes() http.Handler {
 			s.inFlight.Inc()
 			defer s.inFlight.Dec()
 		}
-		if streamPaths[r.URL.Path] {
+		if streamPath(r.URL.Path) {
 			defer cutOnDrain(s.draining, w)()
 		}
 		w, r = withStreamConn(w, r)
@@ -212,8 +212,9 @@ func (s *Server) Run(ctx context.Context, l net.Listener) error {
 	return err
 }
 
-// handshakeTimeout bounds how long a new connection may take to send its
-// first request (HTTP/1) or its preface (HTTP/2, and TLS before either).
+// handshakeTimeout bounds how long a connection may take to send a
+// request's header (HTTP/1, each request) or its preface (HTTP/2, and TLS
+// before either).
 const handshakeTimeout = 10 * time.Second
 
 func (s *Server) httpServer() *http.Server {
@@ -254,7 +255,7 @@ func (s *Server) drain(srv *http.Server, gsrv *grpc.Server) {
 	defer cancel()
 	var wg sync.WaitGroup
 	if gsrv != nil {
-		wg.Go(func() { stopGRPC(ctx, gsrv) })
+		wg.Go(func() { stopGRPC(ctx, gsrv, &s.grpc.conns) })
 	}
 	if err := srv.Shutdown(ctx); err != nil {
 		s.cfg.Logger.Warn("serve: drain cut short", "err", err)

@@ -34,10 +34,11 @@ type aheadBytes struct {
 
 func newAheadBytes() *aheadBytes { return &aheadBytes{taken: make(chan struct{}, 1)} }
 
-// read counts req in, then waits while the count is past the bound; false
-// if stop came first.
-func (a *aheadBytes) read(req *kvpipev1.MatchRequest, stop <-chan struct{}) bool {
-	a.n.Add(int64(decodedSize(req)))
+// add counts req in, as it is read.
+func (a *aheadBytes) add(req *kvpipev1.MatchRequest) { a.n.Add(int64(decodedSize(req))) }
+
+// wait waits while the count is past the bound; false if stop came first.
+func (a *aheadBytes) wait(stop <-chan struct{}) bool {
 	for a.n.Load() > streamAheadBytes {
 		select {
 		case <-a.taken:
@@ -143,12 +144,13 @@ func readRequests(recv func() (*kvpipev1.MatchRequest, error), reqs chan<- *kvpi
 		if err != nil {
 			return err
 		}
+		ahead.add(req) // counted in before the answerer may take it
 		select {
 		case reqs <- req:
 		case <-stop:
 			return nil
 		}
-		if !ahead.read(req, stop) {
+		if !ahead.wait(stop) {
 			return nil
 		}
 	}
@@ -205,13 +207,15 @@ func nextRequest(ctx context.Context, reqs <-chan *kvpipev1.MatchRequest, closin
 // not is cut then, rather than hold the drain for all of DrainTimeout.
 const streamGrace = time.Second
 
-// streamPaths are the main port's streams that end when the server
-// drains, whatever their client does: calls (Dump among them) are
-// answered instead, up to DrainTimeout.
-var streamPaths = map[string]bool{
-	kvpipev1connect.IndexServiceMatchStreamProcedure:  true,
-	kvpipev1connect.IndexServiceWatchWorkersProcedure: true,
-	"/v1/watch": true,
+// streamPath reports whether path is one of the main port's streams,
+// which end when the server drains, whatever their client does: calls
+// (Dump among them) are answered instead, up to DrainTimeout.
+func streamPath(path string) bool {
+	switch path {
+	case kvpipev1connect.IndexServiceMatchStreamProcedure, kvpipev1connect.IndexServiceWatchWorkersProcedure, "/v1/watch":
+		return true
+	}
+	return false
 }
 
 // cutOnDrain sets a write deadline on w, streamGrace after draining is

@@ -40,21 +40,19 @@ func (l limits) maxKeys() int { return l.maxTokens/l.blockSize + 1 }
 // message that says what to change; it never panics, whatever r holds.
 func (l limits) checkMatch(r *kvpipev1.MatchRequest) error {
 	hashed := len(r.Keys) > 0 || len(r.EagleKeys) > 0
-	switch {
-	case len(r.Tokens) > 0 && hashed:
+	if len(r.Tokens) > 0 && hashed {
 		return invalid("match: tokens or keys, not both")
-	case len(r.Tokens) > l.maxTokens:
-		return invalid("match: %d tokens, more than the limit of %d (--max-tokens)", len(r.Tokens), l.maxTokens)
-	case len(r.Keys) > l.maxKeys() || len(r.EagleKeys) > l.maxKeys():
-		return invalid("match: %d keys, more than the limit of %d (--max-tokens / block size)", max(len(r.Keys), len(r.EagleKeys)), l.maxKeys())
+	}
+	if err := requestCount(r).refusal(l); err != nil { // the counts a codec checks too
+		return err
+	}
+	switch {
 	case hashed && (r.LoraName != "" || r.HasLoraId || r.LoraId != 0 || r.Salt != "" || len(r.Multimodal) > 0):
 		return invalid("match: keys already include the adapter, salt and multimodal inputs: send them with tokens only")
 	case len(r.LoraName) > maxLoraName:
 		return invalid("match: lora_name of %d bytes, more than %d", len(r.LoraName), maxLoraName)
 	case len(r.Salt) > maxSalt:
 		return invalid("match: salt of %d bytes, more than %d", len(r.Salt), maxSalt)
-	case len(r.Multimodal) > maxMultiModal:
-		return invalid("match: more than %d multimodal inputs", maxMultiModal)
 	}
 	if r.RoutedTo != "" {
 		if err := checkName(r.RoutedTo); err != nil {

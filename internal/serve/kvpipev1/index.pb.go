@@ -1362,7 +1362,7 @@ var File_kvpipe_v1_index_proto protoreflect.FileDescriptor
 
 const file_kvpipe_v1_index_proto_rawDesc = "" +
 	"\n" +
-	"\x15kvpipe/v1/index.proto\x12\tkvpipe.v1\"\x97\x02\n" +
+	"\x15kvpipe/v1/index.proto\x12\tkvpipe.v1\"\xa5\x02\n" +
 	"\fMatchRequest\x12\x16\n" +
 	"\x06tokens\x18\x01 \x03(\rR\x06tokens\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\x06R\x04keys\x12\x1d\n" +
@@ -1375,9 +1375,9 @@ const file_kvpipe_v1_index_proto_rawDesc = "" +
 	"\n" +
 	"multimodal\x18\a \x03(\v2\x15.kvpipe.v1.MultiModalR\n" +
 	"multimodal\x12\x1b\n" +
-	"\trouted_to\x18\t \x01(\tR\broutedTo\"H\n" +
+	"\trouted_to\x18\t \x01(\tR\broutedToJ\f\b\xff\xff\xff\xff\x01\x10\x80\x80\x80\x80\x02\"V\n" +
 	"\x11MatchBatchRequest\x123\n" +
-	"\brequests\x18\x01 \x03(\v2\x17.kvpipe.v1.MatchRequestR\brequests\"L\n" +
+	"\brequests\x18\x01 \x03(\v2\x17.kvpipe.v1.MatchRequestR\brequestsJ\f\b\xff\xff\xff\xff\x01\x10\x80\x80\x80\x80\x02\"L\n" +
 	"\x12MatchBatchResponse\x126\n" +
 	"\tresponses\x18\x01 \x03(\v2\x18.kvpipe.v1.MatchResponseR\tresponses\":\n" +
 	"\n" +
