@@ -136,6 +136,19 @@ func countVarints(packed []byte) int {
 // and bytes (a length-delimited field's contents). It stops at the first
 // malformed field.
 func eachField(b []byte, f func(protowire.Number, protowire.Type, []byte)) {
+	eachRaw(b, func(num protowire.Number, typ protowire.Type, field []byte, tagLen int) {
+		v := field[tagLen:]
+		if typ == protowire.BytesType {
+			v, _ = protowire.ConsumeBytes(v)
+		}
+		f(num, typ, v)
+	})
+}
+
+// eachRaw calls f with each field of the message b: its number, type, and
+// whole encoding, of which the tag takes tagLen bytes. It stops at the
+// first malformed field.
+func eachRaw(b []byte, f func(num protowire.Number, typ protowire.Type, field []byte, tagLen int)) {
 	for len(b) > 0 {
 		num, typ, tn := protowire.ConsumeTag(b)
 		if tn < 0 {
@@ -145,11 +158,7 @@ func eachField(b []byte, f func(protowire.Number, protowire.Type, []byte)) {
 		if vn < 0 {
 			return
 		}
-		v := b[tn : tn+vn]
-		if typ == protowire.BytesType {
-			v, _ = protowire.ConsumeBytes(v)
-		}
-		f(num, typ, v)
+		f(num, typ, b[:tn+vn], tn)
 		b = b[tn+vn:]
 	}
 }
@@ -359,27 +368,10 @@ func dropRefusal(m proto.Message) {
 		return
 	}
 	var kept []byte
-	eachRaw(u, func(num protowire.Number, field []byte) {
+	eachRaw(u, func(num protowire.Number, _ protowire.Type, field []byte, _ int) {
 		if num != refusedField {
 			kept = append(kept, field...)
 		}
 	})
 	m.ProtoReflect().SetUnknown(kept)
-}
-
-// eachRaw calls f with each field of the message b, number and whole
-// encoding (tag included), up to the first malformed one.
-func eachRaw(b []byte, f func(protowire.Number, []byte)) {
-	for len(b) > 0 {
-		num, typ, tn := protowire.ConsumeTag(b)
-		if tn < 0 {
-			return
-		}
-		vn := protowire.ConsumeFieldValue(num, typ, b[tn:])
-		if vn < 0 {
-			return
-		}
-		f(num, b[:tn+vn])
-		b = b[tn+vn:]
-	}
 }
