@@ -35,10 +35,15 @@ func (t *workerTable) all() []*worker {
 // id is the worker of id, nil if none.
 func (t *workerTable) id(id index.WorkerID) *worker {
 	ws := t.all()
-	if i, ok := slices.BinarySearchFunc(ws, id, func(w *worker, id index.WorkerID) int { return cmp.Compare(w.id, id) }); ok {
+	if i, ok := find(ws, id); ok {
 		return ws[i]
 	}
 	return nil
+}
+
+// find is where id is, or would be, in ws (in id order).
+func find(ws []*worker, id index.WorkerID) (int, bool) {
+	return slices.BinarySearchFunc(ws, id, func(w *worker, id index.WorkerID) int { return cmp.Compare(w.id, id) })
 }
 
 // named is the worker of name, nil if none.
@@ -58,7 +63,7 @@ func (t *workerTable) add(w *worker) {
 // remove removes w; p.mu is held.
 func (t *workerTable) remove(w *worker) {
 	cur := t.all()
-	i, ok := slices.BinarySearchFunc(cur, w.id, func(w *worker, id index.WorkerID) int { return cmp.Compare(w.id, id) })
+	i, ok := find(cur, w.id)
 	if !ok {
 		return
 	}

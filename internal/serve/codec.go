@@ -2,7 +2,6 @@ package serve
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"sync"
 
@@ -63,68 +62,49 @@ func (c *matchCodec) unmarshal(b []byte, m protobuf.Message) error {
 	return protobuf.Unmarshal(b, m)
 }
 
-// connectProto is connect's protobuf codec, but a match message is
-// counted before it is decoded (decodeCount), against limits.
-type connectProto struct{ limits limits }
+// connectCodec is one of connect's codecs, protobuf or JSON (under name,
+// one of the content types connect knows it by), but a match message is
+// counted (count) before it is decoded, against limits (decodeCount).
+type connectCodec struct {
+	name      string
+	limits    limits
+	count     func([]byte, protobuf.Message) (decodeCount, bool)
+	marshal   func([]byte, protobuf.Message) ([]byte, error)
+	unmarshal func([]byte, protobuf.Message) error
+}
 
-func (connectProto) Name() string { return proto.Name }
+func (c connectCodec) Name() string { return c.name }
 
-func (c connectProto) Marshal(v any) ([]byte, error) { return c.MarshalAppend(nil, v) }
+func (c connectCodec) Marshal(v any) ([]byte, error) { return c.MarshalAppend(nil, v) }
 
 // MarshalAppend lets connect marshal into a buffer of its own pool.
-func (connectProto) MarshalAppend(dst []byte, v any) ([]byte, error) {
+func (c connectCodec) MarshalAppend(dst []byte, v any) ([]byte, error) {
 	m, err := asProto(v)
 	if err != nil {
 		return nil, err
 	}
-	return protobuf.MarshalOptions{}.MarshalAppend(dst, m)
+	return c.marshal(dst, m)
 }
 
-func (c connectProto) Unmarshal(b []byte, v any) error {
+func (c connectCodec) Unmarshal(b []byte, v any) error {
 	m, err := asProto(v)
 	if err != nil {
 		return err
 	}
-	return decodeWithin(b, m, c.limits, countProto, func(b []byte, m protobuf.Message) error { return protobuf.Unmarshal(b, m) })
-}
-
-// connectJSON is connect's JSON codec (under name, one of the two content
-// types connect knows it by), with match messages counted first.
-type connectJSON struct {
-	name   string
-	limits limits
-}
-
-func (c connectJSON) Name() string { return c.name }
-
-func (c connectJSON) Marshal(v any) ([]byte, error) { return c.MarshalAppend(nil, v) }
-
-func (connectJSON) MarshalAppend(dst []byte, v any) ([]byte, error) {
-	m, err := asProto(v)
-	if err != nil {
-		return nil, err
-	}
-	return protojson.MarshalOptions{}.MarshalAppend(dst, m)
-}
-
-// Unmarshal leaves unknown fields out, as connect's own does: a client of
-// a newer schema is still answered.
-func (c connectJSON) Unmarshal(b []byte, v any) error {
-	m, err := asProto(v)
-	if err != nil {
-		return err
-	}
-	if len(b) == 0 {
-		return errors.New("an empty body is not a JSON object")
-	}
-	return decodeWithin(b, m, c.limits, countJSON, protojson.UnmarshalOptions{DiscardUnknown: true}.Unmarshal)
+	return decodeWithin(b, m, c.limits, c.count, c.unmarshal)
 }
 
 // connectCodecs are the codecs of the main port's Connect handler, for
-// requests of limits l.
+// requests of limits l. JSON leaves unknown fields out, as connect's own
+// does: a client of a newer schema is still answered.
 func connectCodecs(l limits) []connect.HandlerOption {
-	return []connect.HandlerOption{connect.WithCodec(connectProto{l}),
-		connect.WithCodec(connectJSON{"json", l}), connect.WithCodec(connectJSON{"json; charset=utf-8", l})}
+	jsonCodec := func(name string) connect.HandlerOption {
+		return connect.WithCodec(connectCodec{name, l, countJSON, protojson.MarshalOptions{}.MarshalAppend,
+			protojson.UnmarshalOptions{DiscardUnknown: true}.Unmarshal})
+	}
+	return []connect.HandlerOption{
+		connect.WithCodec(connectCodec{proto.Name, l, countProto, protobuf.MarshalOptions{}.MarshalAppend, protobuf.Unmarshal}),
+		jsonCodec("json"), jsonCodec("json; charset=utf-8")}
 }
 
 func asProto(v any) (protobuf.Message, error) {
