@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -136,17 +138,23 @@ func TestRestartFromASnapshot(t *testing.T) {
 				want, resyncs = map[int]int{1: 0, 2: 0, 3: 0}, 1
 			}
 			lens := map[int]int{1: 4, 2: 3, 3: 2}
+			var seen string // what the last look found, should it be the last
+			defer func() {
+				if t.Failed() {
+					t.Logf("last seen: %s", seen)
+				}
+			}()
 			eventually(t, "the index as the engine", nil, func() bool {
 				st := p2.Stats()
+				got := map[int]int{}
+				for pr := range want {
+					got[pr] = scores(t, p2, prompt(pr, lens[pr]))["a"]
+				}
+				seen = fmt.Sprintf("blocks held %v (want %v), workers %+v", got, want, st.Workers)
 				if len(st.Workers) != 1 || st.Workers[0].Actor.Resyncs != resyncs {
 					return false
 				}
-				for pr, n := range want {
-					if scores(t, p2, prompt(pr, lens[pr]))["a"] != n {
-						return false
-					}
-				}
-				return true
+				return maps.Equal(got, want)
 			})
 			ws := p2.Stats().Workers[0]
 			if !c.engineRestart && !c.noReplay {

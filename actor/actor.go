@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"sync/atomic"
+	"time"
 
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
@@ -56,6 +57,10 @@ type Sink interface {
 	// Stopping reports that the worker is stopping: a batch not taken is
 	// then no overload.
 	Stopping() bool
+	// Trim, called while the worker is idle, gives back to the heap the
+	// spare batches of a flood, and reports whether some are left to give
+	// back later (index.Sender.Trim).
+	Trim(now time.Time) (more bool)
 }
 
 // defaultMaxBlocks is Config.MaxBlocks' default: 4 Mi engine blocks, 64 M
@@ -130,9 +135,13 @@ func (a *Actor) Eagle() bool { return a.stats.Eagle.Load() }
 var _ wire.Handler = (*Actor)(nil)
 
 // HandleIdle sends what the actor owes its shard while no batch comes: the
-// clear a dropped batch left owed (the shard had no room for it then). It
-// reports whether that is still owed, so that the caller asks again.
-func (a *Actor) HandleIdle() bool { return a.out.settle() }
+// clear a dropped batch left owed (the shard had no room for it then); and
+// lets the Sink give back the batches a flood left spare (Sink.Trim). It
+// reports whether either is still to do, so that the caller asks again.
+func (a *Actor) HandleIdle() bool {
+	owed := a.out.settle()
+	return a.cfg.Sink.Trim(time.Now()) || owed
+}
 
 // HandleBatch decodes one batch, filters and converts its events, and sends
 // the resulting ops to the shard.

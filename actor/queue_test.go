@@ -155,3 +155,50 @@ func TestSettledClearIsForTheIndexOnly(t *testing.T) {
 		t.Errorf("the Tap saw %+v, want the dropped batch's store alone", tapped)
 	}
 }
+
+// trimming is a Sink whose Trim says what the test wants, and remembers
+// when it was asked.
+type trimming struct {
+	Sink
+	more  bool
+	asked []time.Time
+}
+
+func (t *trimming) Trim(now time.Time) bool {
+	t.asked = append(t.asked, now)
+	return t.more
+}
+
+// HandleIdle lets the Sink give back a flood's batches, and asks to be
+// called again while the Sink has more to give back or a clear is owed.
+func TestIdleTrimsTheSink(t *testing.T) {
+	cases := []struct {
+		name       string
+		behind     bool // the shard has no room: the clear a drop owes stays owed
+		more, want bool
+	}{
+		{"nothing to do", false, false, false},
+		{"batches to give back", false, true, true},
+		{"a clear owed", true, false, true},
+		{"both", true, true, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ch := make(chan *index.Batch, 1)
+			sink := &trimming{Sink: index.NewSender(1, ch, nil), more: c.more}
+			a := New(Config{Worker: 1, BlockSize: 16, Sink: sink, Drop: true})
+			ch <- &index.Batch{} // the shard is behind
+			a.HandleBatch(0, engineenc.AppendBatch(nil, &codec.Batch{Events: []codec.Event{stored(1, 16)}}, engineenc.CurrentVLLM))
+			if !c.behind {
+				<-ch
+			}
+			before := time.Now()
+			if got := a.HandleIdle(); got != c.want {
+				t.Errorf("HandleIdle reported %v, want %v", got, c.want)
+			}
+			if len(sink.asked) != 1 || sink.asked[0].Before(before) {
+				t.Errorf("Trim asked at %v, want once, with the time (after %v)", sink.asked, before)
+			}
+		})
+	}
+}

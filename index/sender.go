@@ -1,16 +1,31 @@
 package index
 
+import "time"
+
 // Sender is one worker's way into its shard's queue: it lends the batches
 // to fill and queues them in order, and reuses each once the shard has
-// applied it, so that a worker has at most the queue's
-// capacity and two more, and the steady state allocates nothing. One
-// goroutine at a time uses a Sender.
+// applied it, so that a worker has at most the queue's capacity and two
+// more, and the steady state allocates nothing. Batches that a flood made
+// and that then stay free go back to the heap (Trim). One goroutine at a
+// time uses a Sender.
 type Sender struct {
 	worker WorkerID
 	queue  chan<- *Batch
 	free   chan *Batch
 	done   <-chan struct{}
+
+	made  int       // batches made and not given back
+	low   int       // the fewest free batches since the window began
+	since time.Time // when Trim's window began; zero: none open
 }
+
+// Trim's parameters: a Sender keeps keepBatches however idle it is (a
+// worker's batches in flight in a steady stream), and gives back the
+// others that stayed free through a window of trimWindow.
+const (
+	keepBatches = 8
+	trimWindow  = time.Second
+)
 
 // NewSender returns a Sender of w's batches into queue (Shards.Queue(w));
 // closing done (nil: never) ends a Send waiting for room: the worker is
@@ -26,10 +41,43 @@ func NewSender(w WorkerID, queue chan<- *Batch, done <-chan struct{}) *Sender {
 func (s *Sender) Batch() *Batch {
 	select {
 	case b := <-s.free:
+		s.low = min(s.low, len(s.free))
 		return b
 	default:
+		s.made++
+		s.low = 0
 		return &Batch{Worker: s.worker, free: s.free}
 	}
+}
+
+// Trim gives back to the heap the batches, beyond keepBatches, that no
+// Batch call needed since the window that began at least trimWindow ago:
+// after a flood, a worker would otherwise keep a full queue's batches for
+// good (1.5 MiB at the default ShardQueue), and a worker in a steady
+// stream keeps what it uses, so nothing is made again. It reports whether
+// the Sender still has more than it keeps, to be asked again later; the
+// caller calls it while idle (Actor.HandleIdle), with the time.
+func (s *Sender) Trim(now time.Time) (more bool) {
+	if s.made <= keepBatches {
+		s.since = time.Time{}
+		return false
+	}
+	if s.since.IsZero() {
+		s.since, s.low = now, len(s.free)
+		return true
+	}
+	if now.Sub(s.since) >= trimWindow {
+		for n := min(s.low, s.made-keepBatches); n > 0; n-- {
+			select {
+			case <-s.free:
+				s.made--
+			default:
+				n = 0
+			}
+		}
+		s.since, s.low = now, len(s.free)
+	}
+	return s.made > keepBatches
 }
 
 // Send queues b if the shard has room, or else, with wait, once it has,

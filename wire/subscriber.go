@@ -137,9 +137,11 @@ type Handler interface {
 	HandleEngineSnapshot(chunk []byte)
 	HandleEngineSnapshotEnd(ok bool)
 	// HandleIdle is called when no live batch waits: a handler that held
-	// work back (an actor whose shard had no room) hands it on now. It
-	// reports whether some is still held; it is then called again after a
-	// short wait, backing off, while the connection lasts.
+	// work back (an actor whose shard had no room) hands it on now, and one
+	// that keeps spare memory may give it back. It reports whether some
+	// work is still held or memory still to give back; it is then called
+	// again after a short wait, backing off to a second, while the
+	// connection lasts.
 	HandleIdle() (held bool)
 }
 
