@@ -123,3 +123,30 @@ func TestEagleSaltAdapterAndTiers(t *testing.T) {
 		t.Errorf("AppendMatchesKeys: %v", ms)
 	}
 }
+
+// The kinds of keys a match hashes follow each worker's mode as its events
+// show it, both ways: a fleet of one worker, EAGLE and then plain again
+// (an engine restarted without speculative decoding), is matched with the
+// keys of its current mode on the next match.
+func TestModeChangesSeenByTheNextMatch(t *testing.T) {
+	p := startPipeline(t, Config{})
+	e := newEngine(t)
+	if err := p.AddWorker("w", WorkerConfig{Endpoint: e.ep, ReplayEndpoint: e.replay}); err != nil {
+		t.Fatal(err)
+	}
+	first, second := prompt(1, 4), prompt(2, 4)
+	if s := scores(t, p, first); len(s) != 0 { // a look at a fleet that is plain so far
+		t.Fatalf("scores %v before any event", s)
+	}
+	eventually(t, "the EAGLE prompt indexed", func() {
+		e.parent = 0
+		e.storeEagle(append(first, 9001))
+	}, func() bool { return scores(t, p, append(first, 9001))["w"] == 4 })
+	eventually(t, "the plain prompt indexed", func() {
+		e.parent = 0
+		e.store(second, 16)
+	}, func() bool { return scores(t, p, second)["w"] == 4 })
+	if st := p.Stats(); st.Workers[0].Actor.Eagle {
+		t.Error("the worker is still EAGLE after plain blocks")
+	}
+}

@@ -60,7 +60,7 @@ func prompt(seed, blocks int) []uint32 {
 	return out
 }
 
-func startPipeline(t *testing.T, cfg Config) *Pipeline {
+func startPipeline(t testing.TB, cfg Config) *Pipeline {
 	t.Helper()
 	if cfg.BlockSize == 0 {
 		cfg.BlockSize = 16
@@ -70,7 +70,7 @@ func startPipeline(t *testing.T, cfg Config) *Pipeline {
 }
 
 // runPipeline runs a Pipeline of cfg as it is until the test ends.
-func runPipeline(t *testing.T, cfg Config) *Pipeline {
+func runPipeline(t testing.TB, cfg Config) *Pipeline {
 	t.Helper()
 	p, err := New(cfg)
 	if err != nil {

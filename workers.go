@@ -200,7 +200,7 @@ func (p *Pipeline) start(w *worker) {
 		Run: func(ctx context.Context) error {
 			if first {
 				first = false
-				w.prepare(ctx, &p.cfg, p.read.shards.Load().Queue(w.id), from)
+				w.prepare(ctx, &p.cfg, p.read.shards.Load().Queue(w.id), from, p.read.eagleChanged)
 			}
 			var h wire.Handler = w.actor.Load()
 			if w.tap.tap != nil {
@@ -228,7 +228,7 @@ func (p *Pipeline) start(w *worker) {
 
 // prepare makes w's actor, restored from a snapshot when there is one; it
 // runs in w's goroutine, before its subscriber.
-func (w *worker) prepare(ctx context.Context, cfg *Config, shard chan<- *index.Batch, from *snapshot.Worker) {
+func (w *worker) prepare(ctx context.Context, cfg *Config, shard chan<- *index.Batch, from *snapshot.Worker, eagleChanged func()) {
 	var sink actor.Sink = index.NewSender(w.id, shard, ctx.Done())
 	w.tap = tapped{tap: cfg.Tap, ctx: ctx, name: w.name}
 	if cfg.Tap != nil {
@@ -236,7 +236,7 @@ func (w *worker) prepare(ctx context.Context, cfg *Config, shard chan<- *index.B
 	}
 	a := actor.New(actor.Config{Worker: w.id, Name: w.name, BlockSize: cfg.BlockSize,
 		Sink: sink, Drop: cfg.Backpressure == Drop, Weights: index.Weights(cfg.TierWeights), MaxBlocks: cfg.MaxWorkerBlocks,
-		Logger: cfg.Logger, Eagle: w.eagleCfg})
+		Logger: cfg.Logger, Eagle: w.eagleCfg, EagleChanged: eagleChanged})
 	w.tap.a = a
 	w.actor.Store(a)
 	switch {

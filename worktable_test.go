@@ -1,10 +1,12 @@
 package kvpipe
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvpipe/kvpipe/index"
 )
@@ -91,6 +93,32 @@ func BenchmarkAddWorker(b *testing.B) {
 			b.ResetTimer()
 			for i := range b.N {
 				if err := p.AddWorker(names[i], WorkerConfig{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkFindMatchesWorkers: a match on a pipeline of n workers that hold
+// nothing, so that what it costs beyond the lookup is what grows with the
+// table (which kinds of keys to hash: plain, EAGLE).
+func BenchmarkFindMatchesWorkers(b *testing.B) {
+	for _, n := range []int{100, 16000} {
+		b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) {
+			p := startPipeline(b, Config{})
+			for i := range n {
+				if err := p.AddWorker(fmt.Sprintf("w%d", i), WorkerConfig{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for p.read.shards.Load() == nil { // Run has not started yet
+				time.Sleep(time.Millisecond)
+			}
+			r := &Request{Tokens: make([]uint32, 1024)}
+			ctx := context.Background()
+			for b.Loop() {
+				if _, err := p.FindMatchesRequest(ctx, r); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -44,6 +44,10 @@ type Config struct {
 	// bigram keys), known before its first event. Without it the mode is
 	// learned from the events (Stats.Eagle); either way events decide.
 	Eagle bool
+	// EagleChanged, if set, is called on the actor's goroutine after
+	// Stats().Eagle changes: a read path that caches which kinds of keys
+	// its workers need learns that it must look again.
+	EagleChanged func()
 }
 
 // Sink is where an actor's batches of ops go; *index.Sender is one.
@@ -310,7 +314,12 @@ func (a *Actor) store(e *codec.Event) {
 		a.m.retier(e, t)
 		return
 	}
-	a.stats.Eagle.Store(e.Bigram) // the engine's mode, as its latest tokens show it
+	if a.stats.Eagle.Load() != e.Bigram { // the engine's mode, as its latest tokens show it
+		a.stats.Eagle.Store(e.Bigram)
+		if a.cfg.EagleChanged != nil {
+			a.cfg.EagleChanged()
+		}
+	}
 	if !a.m.store(e, t, k) {
 		a.stats.Filtered[BlockCap].Add(1)
 		a.stats.Partial.Store(true) // the engine holds what was refused
