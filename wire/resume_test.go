@@ -6,10 +6,13 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/kvpipe/kvpipe/codec"
+	"github.com/kvpipe/kvpipe/internal/engineenc"
 	"github.com/kvpipe/kvpipe/internal/wiretest"
 )
 
@@ -235,5 +238,69 @@ func TestCheckpointAnsweredWhileAnEngineSnapshotWaits(t *testing.T) {
 				t.Fatalf("Checkpoint while the engine's snapshot waits: %v (ran %v)", err, ran)
 			}
 		})
+	}
+}
+
+// An engine snapshot whose replies trickle in, each within ReplayTimeout,
+// fails snapshotRounds ReplayTimeouts after its header: a Checkpoint
+// meanwhile waits for that, not for the snapshot's end, and the stream
+// goes on.
+func TestTricklingEngineSnapshotFails(t *testing.T) {
+	const replayTimeout = 100 * time.Millisecond
+	ep, snap := freeTCP(t), freeTCP(t)
+	header := engineenc.AppendEngineSnapshotHeader(nil, &codec.EngineSnapshotHeader{Version: 1, BarrierSeq: 1, RecordCount: 1 << 30})
+	chunk := engineenc.AppendEngineSnapshotChunk(nil, []codec.EngineSnapshotBlock{{Hashes: []uint64{1}}})
+	stop, headerSent := make(chan struct{}), make(chan struct{})
+	var trickled sync.WaitGroup
+	t.Cleanup(func() { close(stop); trickled.Wait() })
+	fakeRouter(t, snap, func(router zmq4.Socket, req zmq4.Msg) {
+		id := req.Frames[0]
+		reply := func(kind string, payload []byte) error {
+			return router.Send(zmq4.NewMsgFrom(id, nil, []byte(kind), payload))
+		}
+		trickled.Go(func() {
+			if reply("header", header) != nil {
+				return
+			}
+			close(headerSent)
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(replayTimeout / 4):
+				}
+				if reply("chunk", chunk) != nil {
+					return
+				}
+			}
+		})
+	})
+	pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep})
+	defer pub.Close()
+	s, rec := startSubscriber(t, Config{Endpoint: ep, SnapshotEndpoint: snap,
+		Options: Options{TailCheck: -1, ReplayTimeout: replayTimeout}})
+	syncUp(t, pub, rec)
+	pub.Drop(body(0))
+	pub.Publish(body(1)) // a gap lost, so a reset, so the engine's snapshot
+	if got := rec.next(t); !got.reset || got.why != ResetGapLost {
+		t.Fatalf("got %+v, want a gap_lost reset", got)
+	}
+	<-headerSent
+	time.Sleep(replayTimeout / 2) // for the subscriber to take it
+	// The trickle never ends: without the bound, the Checkpoint would wait
+	// for this context.
+	wait, cancel := context.WithTimeout(context.Background(), 20*snapshotRounds*replayTimeout)
+	defer cancel()
+	if err := s.Checkpoint(wait, func() {}); err != nil {
+		t.Fatalf("Checkpoint during a trickling snapshot: %v", err)
+	}
+	if st := s.Stats(); st.SnapshotFailures != 1 || st.Snapshots != 0 {
+		t.Errorf("snapshots %d, failures %d; want 0 and 1", st.Snapshots, st.SnapshotFailures)
+	}
+	pub.Publish(body(2))
+	for {
+		if got := rec.next(t); got.body == string(body(2)) {
+			break
+		}
 	}
 }

@@ -3,6 +3,8 @@ package wire
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -101,11 +103,22 @@ func (s *Subscriber) takeSnapshot(ctx context.Context, sub *zsock.Receiver, h Ha
 	return true
 }
 
+// snapshotRounds is how many ReplayTimeouts an engine snapshot may take
+// from its header to its end. A real engine sends it in one burst (its
+// sends time out after 500 ms); one that trickles replies, each within
+// ReplayTimeout, would otherwise hold Checkpoint (a save, a dump, the save
+// on SIGTERM) for as long as it likes.
+const snapshotRounds = 10
+
 // replies takes the snapshot's replies from r until it ends.
 func (c *snapshotCall) replies(ctx context.Context, sub, r *zsock.Receiver) bool {
 	s, h, t := c.s, c.h, &c.talk
 	timer := time.NewTimer(s.cfg.ReplayTimeout)
 	defer timer.Stop()
+	whole := time.NewTimer(time.Hour) // from the header on
+	whole.Stop()
+	defer whole.Stop()
+	var wholeC <-chan time.Time
 	var live <-chan zmq4.Msg = sub.Msgs
 	for {
 		var m zmq4.Msg
@@ -117,6 +130,9 @@ func (c *snapshotCall) replies(ctx context.Context, sub, r *zsock.Receiver) bool
 		case <-ctx.Done():
 		case <-timer.C:
 			c.failed("wait", errors.New("timed out"))
+			return true
+		case <-wholeC:
+			c.failed("wait", fmt.Errorf("not ended %d ReplayTimeouts after its header", snapshotRounds))
 			return true
 		case m, ok := <-live:
 			if !ok {
@@ -146,6 +162,12 @@ func (c *snapshotCall) replies(ctx context.Context, sub, r *zsock.Receiver) bool
 		switch st, err := t.reply(kind, payload); st {
 		case snapBegin:
 			h.HandleEngineSnapshotBegin()
+			budget := time.Duration(math.MaxInt64)
+			if s.cfg.ReplayTimeout < budget/snapshotRounds {
+				budget = snapshotRounds * s.cfg.ReplayTimeout
+			}
+			whole.Reset(budget)
+			wholeC = whole.C
 		case snapChunk:
 			h.HandleEngineSnapshot(payload)
 		case snapEnd:
