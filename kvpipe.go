@@ -33,7 +33,8 @@ type Config struct {
 	// shard's workers (default 256). A worker has at most ShardQueue+2
 	// batches of at most 256 ops in flight (queued, being applied, being
 	// filled), so a stalled shard holds at most 6 KiB per batch per worker
-	// (24 B an op); a worker keeps them for reuse once applied.
+	// (24 B an op); a worker keeps them for reuse once applied, and gives
+	// back all but 8 about a second after it falls idle while connected.
 	ShardQueue   int
 	Backpressure Backpressure // when a shard is behind: Block (default) or Drop
 	// TierWeights weigh a match's blocks by the tier holding them

@@ -5,17 +5,19 @@ import "time"
 // Sender is one worker's way into its shard's queue: it lends the batches
 // to fill and queues them in order, and reuses each once the shard has
 // applied it, so that a worker has at most the queue's capacity and two
-// more, and the steady state allocates nothing. Batches that a flood made
-// and that then stay free go back to the heap (Trim). One goroutine at a
-// time uses a Sender.
+// more, and a steady stream allocates nothing. Batches that a flood made
+// and that then stay free go back to the heap (Trim); bursts more than a
+// second apart that each need more than keepBatches make them again. One
+// goroutine at a time uses a Sender.
 type Sender struct {
 	worker WorkerID
 	queue  chan<- *Batch
 	free   chan *Batch
 	done   <-chan struct{}
 
-	made  int       // batches made and not given back
+	made  int       // batches made and not given back, lost ones too (a panic's)
 	low   int       // the fewest free batches since the window began
+	used  bool      // Batch was called since the window began
 	since time.Time // when Trim's window began; zero: none open
 }
 
@@ -39,6 +41,7 @@ func NewSender(w WorkerID, queue chan<- *Batch, done <-chan struct{}) *Sender {
 
 // Batch returns an empty batch of the worker's to fill.
 func (s *Sender) Batch() *Batch {
+	s.used = true
 	select {
 	case b := <-s.free:
 		s.low = min(s.low, len(s.free))
@@ -55,29 +58,35 @@ func (s *Sender) Batch() *Batch {
 // after a flood, a worker would otherwise keep a full queue's batches for
 // good (1.5 MiB at the default ShardQueue), and a worker in a steady
 // stream keeps what it uses, so nothing is made again. It reports whether
-// the Sender still has more than it keeps, to be asked again later; the
+// the Sender may have more than it keeps, to be asked again later; the
 // caller calls it while idle (Actor.HandleIdle), with the time.
 func (s *Sender) Trim(now time.Time) (more bool) {
-	if s.made <= keepBatches {
+	if s.made <= keepBatches && len(s.free) <= keepBatches {
 		s.since = time.Time{}
 		return false
 	}
 	if s.since.IsZero() {
-		s.since, s.low = now, len(s.free)
+		s.since, s.low, s.used = now, len(s.free), false
 		return true
 	}
-	if now.Sub(s.since) >= trimWindow {
-		for n := min(s.low, s.made-keepBatches); n > 0; n-- {
-			select {
-			case <-s.free:
-				s.made--
-			default:
-				n = 0
-			}
-		}
-		s.since, s.low = now, len(s.free)
+	if now.Sub(s.since) < trimWindow {
+		return true
 	}
-	return s.made > keepBatches
+	for n := min(s.low, len(s.free)-keepBatches); n > 0; n-- {
+		select {
+		case <-s.free:
+			s.made--
+		default:
+			n = 0
+		}
+	}
+	if !s.used && len(s.free) <= keepBatches {
+		// A whole window idle: a batch not back by now was lost (a panic
+		// between Batch and Send), so stop counting it, and stop asking.
+		s.made = len(s.free)
+	}
+	s.since, s.low, s.used = now, len(s.free), false
+	return s.made > keepBatches || len(s.free) > keepBatches
 }
 
 // Send queues b if the shard has room, or else, with wait, once it has,

@@ -109,3 +109,26 @@ func TestSenderRefillsAfterATrim(t *testing.T) {
 		t.Fatalf("after a second flood: %d made, %d free; want 64 and 64", s.made, len(s.free))
 	}
 }
+
+// Batches lost between Batch and Send (a panic in the worker's goroutine)
+// are not waited for: after a whole idle window with what is free within
+// keepBatches, Trim stops asking to be called again.
+func TestSenderTrimForgetsLostBatches(t *testing.T) {
+	queue := make(chan *Batch, 64)
+	s := NewSender(1, queue, nil)
+	flood(t, s, queue)
+	for range keepBatches + 5 { // taken and never sent nor handed back
+		s.Batch()
+	}
+	t0 := time.Unix(1000, 0)
+	more := true
+	for i := 0; more && i < 5; i++ {
+		more = s.Trim(t0.Add(time.Duration(i) * trimWindow))
+	}
+	if more {
+		t.Fatalf("Trim still asks to be called again with %d made and %d free", s.made, len(s.free))
+	}
+	if n := len(s.free); n != keepBatches {
+		t.Fatalf("%d free batches kept, want %d", n, keepBatches)
+	}
+}

@@ -129,6 +129,7 @@ func (c *session) loop(ctx context.Context) error {
 				}
 			}
 			if len(c.sub.Msgs) == 0 {
+				c.owedBackoff.Reset() // a new quiet spell: its first retry comes soon
 				c.handIdle()
 			}
 		}
