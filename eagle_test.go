@@ -150,3 +150,43 @@ func TestModeChangesSeenByTheNextMatch(t *testing.T) {
 		t.Error("the worker is still EAGLE after plain blocks")
 	}
 }
+
+// A worker's mode is part of its saved state: an SGLang worker with EAGLE,
+// not configured as such, is matched with EAGLE keys as soon as it is
+// restored from a snapshot, before its engine stores anything more.
+func TestEagleModeRestoredFromASnapshot(t *testing.T) {
+	e := newEngine(t)
+	wc := WorkerConfig{Endpoint: e.ep, ReplayEndpoint: e.replay}
+	p1 := startPipeline(t, Config{})
+	if err := p1.AddWorker("eg", wc); err != nil {
+		t.Fatal(err)
+	}
+	tokens := append(prompt(1, 4), 9001)
+	eventually(t, "the EAGLE prompt indexed", func() {
+		e.parent = 0
+		e.storeEagle(tokens)
+	}, func() bool { return scores(t, p1, tokens)["eg"] == 4 })
+	// A snapshot at the last store published, so that the next router has
+	// none replayed: only the snapshot can tell it the mode.
+	var st FileStore
+	eventually(t, "a snapshot at the last store", nil, func() bool {
+		st = snapshotTo(t, p1)
+		s, err := LoadSnapshot(context.Background(), st)
+		return err == nil && len(s.s.Workers) == 1 && s.s.Workers[0].Seq == e.pub.Published()-1
+	})
+	if err := p1.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+
+	p2 := restoredPipeline(t, st)
+	runUntilCleanup(t, p2)
+	if err := p2.AddWorker("eg", wc); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the restored worker matched with EAGLE keys", nil, func() bool {
+		return scores(t, p2, tokens)["eg"] == 4
+	})
+	if ws := p2.Stats().Workers[0]; !ws.Actor.Eagle || ws.Actor.Stored != 0 {
+		t.Errorf("restored worker: Eagle %v after %d stores, want EAGLE after none", ws.Actor.Eagle, ws.Actor.Stored)
+	}
+}

@@ -289,6 +289,16 @@ func (a *Actor) apply(e *codec.Event) {
 	}
 }
 
+// setEagle sets the worker's mode, and tells the read path of a change.
+func (a *Actor) setEagle(eagle bool) {
+	if a.stats.Eagle.Load() != eagle {
+		a.stats.Eagle.Store(eagle)
+		if a.cfg.EagleChanged != nil {
+			a.cfg.EagleChanged()
+		}
+	}
+}
+
 // store checks a BlockStored event against the filters and the router's
 // block size, and hands its blocks to the mapping.
 func (a *Actor) store(e *codec.Event) {
@@ -314,12 +324,7 @@ func (a *Actor) store(e *codec.Event) {
 		a.m.retier(e, t)
 		return
 	}
-	if a.stats.Eagle.Load() != e.Bigram { // the engine's mode, as its latest tokens show it
-		a.stats.Eagle.Store(e.Bigram)
-		if a.cfg.EagleChanged != nil {
-			a.cfg.EagleChanged()
-		}
-	}
+	a.setEagle(e.Bigram) // the engine's mode, as its latest tokens show it
 	if !a.m.store(e, t, k) {
 		a.stats.Filtered[BlockCap].Add(1)
 		a.stats.Partial.Store(true) // the engine holds what was refused

@@ -17,6 +17,7 @@ func (a *Actor) Export(w *snapshot.Worker) {
 	}
 	w.FullSeen = a.m.fullSeen
 	w.SplitK = a.m.splitK
+	w.Eagle = a.stats.Eagle.Load()
 	w.UsedTiers = a.m.usedTiers
 	w.GroupIdx, w.GroupMain = w.GroupIdx[:0], w.GroupMain[:0]
 	for g, main := range a.groups.main {
@@ -66,6 +67,7 @@ func (a *Actor) Import(w *snapshot.Worker) {
 		a.groups.main[int(g)] = w.GroupMain[i]
 	}
 	a.m.splitK = w.SplitK
+	a.setEagle(w.Eagle || a.cfg.Eagle)
 	next := 0 // the next block's keys in w.Split
 	for i, h := range w.Hashes {
 		f := w.Flags[i]

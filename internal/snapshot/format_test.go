@@ -263,9 +263,9 @@ func TestDecodeBodyErrors(t *testing.T) {
 		sentinel error
 		what     []string
 	}{
-		{"version 3", msgp.AppendInt(msgp.AppendString(msgp.AppendMapHeader(nil, 1), "version"), 3), ErrVersion, []string{"version 3"}},
+		{"version 4", msgp.AppendInt(msgp.AppendString(msgp.AppendMapHeader(nil, 1), "version"), 4), ErrVersion, []string{"version 4"}},
 		// A newer version is refused as one even if its body changed shape.
-		{"version 3 then unknown layout", append(msgp.AppendInt(msgp.AppendString(msgp.AppendMapHeader(nil, 2), "version"), 3), 0xc1), ErrVersion, []string{"version 3"}},
+		{"version 4 then unknown layout", append(msgp.AppendInt(msgp.AppendString(msgp.AppendMapHeader(nil, 2), "version"), 4), 0xc1), ErrVersion, []string{"version 4"}},
 		{"no version", msgp.AppendMapHeader(nil, 0), ErrVersion, []string{"version 0"}},
 		{"version a string", msgp.AppendString(msgp.AppendString(msgp.AppendMapHeader(nil, 1), "version"), "1"), ErrCorrupt, []string{"version"}},
 		{"workers a string", msgp.AppendString(msgp.AppendString(header(2), "workers"), "w"), ErrCorrupt, []string{"workers"}},
@@ -347,7 +347,7 @@ func TestCheck(t *testing.T) {
 		sentinel error
 		what     []string
 	}{
-		{"version 3", func(s *Snapshot) { s.Version = 3 }, ErrVersion, []string{"version 3, this build reads 1 to 2"}},
+		{"version 4", func(s *Snapshot) { s.Version = 4 }, ErrVersion, []string{"version 4, this build reads 1 to 3"}},
 		{"version 0", func(s *Snapshot) { s.Version = 0 }, ErrVersion, []string{"version 0"}},
 		{"block size 0", func(s *Snapshot) { s.BlockSize = 0 }, ErrCorrupt, []string{"block size 0"}},
 		{"block size negative", func(s *Snapshot) { s.BlockSize = -16 }, ErrCorrupt, []string{"block size -16"}},

@@ -13,16 +13,23 @@ package snapshot
 //     take an absent worker for one holding no blocks, so a snapshot with
 //     an absent worker is version 2 (a version-1 file with an absent
 //     worker, as builds of 2026-12-05 and 06 wrote, still loads).
-const Version = 2
+//   - 3: a worker may be Eagle (its keys are EAGLE windows'). A build that
+//     reads up to version 2 would match it with plain keys, so a snapshot
+//     with an EAGLE worker is version 3.
+const Version = 3
 
 // minVersion is the oldest version whose readers understand s.
 func (s *Snapshot) minVersion() int {
+	v := 1
 	for i := range s.Workers {
-		if s.Workers[i].Absent {
-			return 2
+		switch {
+		case s.Workers[i].Eagle:
+			return 3
+		case s.Workers[i].Absent:
+			v = 2
 		}
 	}
-	return 1
+	return v
 }
 
 // Snapshot is a Pipeline's index and, per worker, what it needs to go on
@@ -71,6 +78,10 @@ type Worker struct {
 	Partial   bool   `msg:"partial"`   // the entries may lack blocks the engine holds
 	FullSeen  bool   `msg:"full_seen"` // a full-size block was seen: smaller ones are partial tails
 	SplitK    int    `msg:"split_k"`   // router blocks per engine block once split; 0 before
+	// Eagle: the engine's blocks are keyed over EAGLE windows (bigram
+	// tokens), as its latest stores showed; the reader matches the worker
+	// with EAGLE keys.
+	Eagle bool `msg:"eagle"`
 	// UsedTiers: bit t is set if the worker stored blocks in tier t since
 	// its entries were last cleared whole.
 	UsedTiers uint8 `msg:"used_tiers"`

@@ -120,9 +120,9 @@ func (z *Snapshot) Msgsize() (s int) {
 // MarshalMsg implements msgp.Marshaler
 func (z *Worker) MarshalMsg(b []byte) (o []byte, err error) {
 	o = msgp.Require(b, z.Msgsize())
-	// map header, size 17
+	// map header, size 18
 	// string "name"
-	o = append(o, 0xde, 0x0, 0x11, 0xa4, 0x6e, 0x61, 0x6d, 0x65)
+	o = append(o, 0xde, 0x0, 0x12, 0xa4, 0x6e, 0x61, 0x6d, 0x65)
 	o = msgp.AppendBytes(o, z.Name)
 	// string "absent"
 	o = append(o, 0xa6, 0x61, 0x62, 0x73, 0x65, 0x6e, 0x74)
@@ -148,6 +148,9 @@ func (z *Worker) MarshalMsg(b []byte) (o []byte, err error) {
 	// string "split_k"
 	o = append(o, 0xa7, 0x73, 0x70, 0x6c, 0x69, 0x74, 0x5f, 0x6b)
 	o = msgp.AppendInt(o, z.SplitK)
+	// string "eagle"
+	o = append(o, 0xa5, 0x65, 0x61, 0x67, 0x6c, 0x65)
+	o = msgp.AppendBool(o, z.Eagle)
 	// string "used_tiers"
 	o = append(o, 0xaa, 0x75, 0x73, 0x65, 0x64, 0x5f, 0x74, 0x69, 0x65, 0x72, 0x73)
 	o = msgp.AppendUint8(o, z.UsedTiers)
@@ -263,6 +266,12 @@ func (z *Worker) UnmarshalMsg(bts []byte) (o []byte, err error) {
 			z.SplitK, bts, err = msgp.ReadIntBytes(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "SplitK")
+				return
+			}
+		case "eagle":
+			z.Eagle, bts, err = msgp.ReadBoolBytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "Eagle")
 				return
 			}
 		case "used_tiers":
@@ -405,6 +414,6 @@ func (z *Worker) UnmarshalMsg(bts []byte) (o []byte, err error) {
 
 // Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
 func (z *Worker) Msgsize() (s int) {
-	s = 3 + 5 + msgp.BytesPrefixSize + len(z.Name) + 7 + msgp.BoolSize + 8 + msgp.BoolSize + 4 + msgp.Uint64Size + 12 + msgp.Uint64Size + 11 + msgp.Uint64Size + 8 + msgp.BoolSize + 10 + msgp.BoolSize + 8 + msgp.IntSize + 11 + msgp.Uint8Size + 10 + msgp.ArrayHeaderSize + (len(z.GroupIdx) * (msgp.Int64Size)) + 11 + msgp.ArrayHeaderSize + (len(z.GroupMain) * (msgp.BoolSize)) + 7 + msgp.ArrayHeaderSize + (len(z.Hashes) * (msgp.Uint64Size)) + 5 + msgp.ArrayHeaderSize + (len(z.Keys) * (msgp.Uint64Size)) + 8 + msgp.ArrayHeaderSize + (len(z.Parents) * (msgp.Uint64Size)) + 6 + msgp.BytesPrefixSize + len(z.Flags) + 6 + msgp.ArrayHeaderSize + (len(z.Split) * (msgp.Uint64Size))
+	s = 3 + 5 + msgp.BytesPrefixSize + len(z.Name) + 7 + msgp.BoolSize + 8 + msgp.BoolSize + 4 + msgp.Uint64Size + 12 + msgp.Uint64Size + 11 + msgp.Uint64Size + 8 + msgp.BoolSize + 10 + msgp.BoolSize + 8 + msgp.IntSize + 6 + msgp.BoolSize + 11 + msgp.Uint8Size + 10 + msgp.ArrayHeaderSize + (len(z.GroupIdx) * (msgp.Int64Size)) + 11 + msgp.ArrayHeaderSize + (len(z.GroupMain) * (msgp.BoolSize)) + 7 + msgp.ArrayHeaderSize + (len(z.Hashes) * (msgp.Uint64Size)) + 5 + msgp.ArrayHeaderSize + (len(z.Keys) * (msgp.Uint64Size)) + 8 + msgp.ArrayHeaderSize + (len(z.Parents) * (msgp.Uint64Size)) + 6 + msgp.BytesPrefixSize + len(z.Flags) + 6 + msgp.ArrayHeaderSize + (len(z.Split) * (msgp.Uint64Size))
 	return
 }

@@ -41,7 +41,9 @@ func bodyVersion(t *testing.T, frame []byte) int64 {
 
 // A snapshot is written in the oldest version that says what it holds: a
 // build that reads version 1 alone loads one without absent workers, and
-// refuses one with (it would take an absent worker for one with no blocks).
+// refuses one with (it would take an absent worker for one with no blocks);
+// one that reads up to 2 refuses one with an EAGLE worker (it would match
+// it with plain keys).
 func TestAppendWritesTheOldestVersionThatSaysIt(t *testing.T) {
 	withAbsent := sample()
 	without := sample()
@@ -49,6 +51,11 @@ func TestAppendWritesTheOldestVersionThatSaysIt(t *testing.T) {
 	if without.Workers[len(without.Workers)-1].Absent {
 		t.Fatal("sample changed: its last worker is the absent one")
 	}
+	withEagle := sample()
+	withEagle.Workers = withEagle.Workers[:3]
+	withEagle.Workers[1].Eagle = true
+	withBoth := sample()
+	withBoth.Workers[0].Eagle = true
 	for _, tc := range []struct {
 		name string
 		s    *Snapshot
@@ -56,6 +63,8 @@ func TestAppendWritesTheOldestVersionThatSaysIt(t *testing.T) {
 	}{
 		{"no absent worker", without, 1},
 		{"an absent worker", withAbsent, 2},
+		{"an EAGLE worker", withEagle, 3},
+		{"an EAGLE worker and an absent one", withBoth, 3},
 		{"a caller's newer version", &Snapshot{Version: Version + 5, BlockSize: 16}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
