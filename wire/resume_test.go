@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"net"
 	"os"
 	"sync"
@@ -242,15 +243,14 @@ func TestCheckpointAnsweredWhileAnEngineSnapshotWaits(t *testing.T) {
 }
 
 // An engine snapshot whose replies trickle in, each within ReplayTimeout,
-// fails snapshotRounds ReplayTimeouts after its header: a Checkpoint
-// meanwhile waits for that, not for the snapshot's end, and the stream
-// goes on.
+// fails once its budget (snapshotBudget) is spent: a Checkpoint meanwhile
+// waits for that, not for the snapshot's end, and the stream goes on.
 func TestTricklingEngineSnapshotFails(t *testing.T) {
 	const replayTimeout = 100 * time.Millisecond
 	ep, snap := freeTCP(t), freeTCP(t)
-	header := engineenc.AppendEngineSnapshotHeader(nil, &codec.EngineSnapshotHeader{Version: 1, BarrierSeq: 1, RecordCount: 1 << 30})
+	header := engineenc.AppendEngineSnapshotHeader(nil, &codec.EngineSnapshotHeader{Version: 1, BarrierSeq: 1, RecordCount: 1_000})
 	chunk := engineenc.AppendEngineSnapshotChunk(nil, []codec.EngineSnapshotBlock{{Hashes: []uint64{1}}})
-	stop, headerSent := make(chan struct{}), make(chan struct{})
+	stop := make(chan struct{})
 	var trickled sync.WaitGroup
 	t.Cleanup(func() { close(stop); trickled.Wait() })
 	fakeRouter(t, snap, func(router zmq4.Socket, req zmq4.Msg) {
@@ -262,7 +262,6 @@ func TestTricklingEngineSnapshotFails(t *testing.T) {
 			if reply("header", header) != nil {
 				return
 			}
-			close(headerSent)
 			for {
 				select {
 				case <-stop:
@@ -277,16 +276,28 @@ func TestTricklingEngineSnapshotFails(t *testing.T) {
 	})
 	pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep})
 	defer pub.Close()
-	s, rec := startSubscriber(t, Config{Endpoint: ep, SnapshotEndpoint: snap,
-		Options: Options{TailCheck: -1, ReplayTimeout: replayTimeout}})
-	syncUp(t, pub, rec)
+	s, err := NewSubscriber(Config{Endpoint: ep, SnapshotEndpoint: snap,
+		Options: Options{TailCheck: -1, ReplayTimeout: replayTimeout, ReconnectMin: 20 * time.Millisecond, ReconnectMax: 200 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := snapshotting{recorder: newRecorder(), begun: make(chan struct{}, 1)}
+	ctx, cancelRun := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx, rec) }()
+	defer func() {
+		cancelRun()
+		if err := <-done; err != context.Canceled {
+			t.Errorf("Run returned %v, want context.Canceled", err)
+		}
+	}()
+	syncUp(t, pub, rec.recorder)
 	pub.Drop(body(0))
 	pub.Publish(body(1)) // a gap lost, so a reset, so the engine's snapshot
 	if got := rec.next(t); !got.reset || got.why != ResetGapLost {
 		t.Fatalf("got %+v, want a gap_lost reset", got)
 	}
-	<-headerSent
-	time.Sleep(replayTimeout / 2) // for the subscriber to take it
+	<-rec.begun // the header taken: Checkpoint now waits for the snapshot's end
 	// The trickle never ends: without the bound, the Checkpoint would wait
 	// for this context.
 	wait, cancel := context.WithTimeout(context.Background(), 20*snapshotRounds*replayTimeout)
@@ -301,6 +312,38 @@ func TestTricklingEngineSnapshotFails(t *testing.T) {
 	for {
 		if got := rec.next(t); got.body == string(body(2)) {
 			break
+		}
+	}
+}
+
+// snapshotting is a recorder that says when an engine snapshot begins.
+type snapshotting struct {
+	*recorder
+	begun chan struct{}
+}
+
+func (r snapshotting) HandleEngineSnapshotBegin() {
+	select {
+	case r.begun <- struct{}{}:
+	default:
+	}
+}
+
+func TestSnapshotBudget(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		timeout time.Duration
+		records int
+		want    time.Duration
+	}{
+		{"no records", 2 * time.Second, 0, 20 * time.Second},
+		{"a negative count", 2 * time.Second, -5, 20 * time.Second},
+		{"4 Mi records", 2 * time.Second, 1 << 22, 20*time.Second + 41943040*time.Microsecond},
+		{"more than any engine", 2 * time.Second, 1 << 40, 20*time.Second + 167772160*time.Microsecond},
+		{"a timeout past reckoning", math.MaxInt64 / 4, 100, math.MaxInt64},
+	} {
+		if got := snapshotBudget(c.timeout, c.records); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
 		}
 	}
 }

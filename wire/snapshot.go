@@ -103,12 +103,30 @@ func (s *Subscriber) takeSnapshot(ctx context.Context, sub *zsock.Receiver, h Ha
 	return true
 }
 
-// snapshotRounds is how many ReplayTimeouts an engine snapshot may take
-// from its header to its end. A real engine sends it in one burst (its
-// sends time out after 500 ms); one that trickles replies, each within
-// ReplayTimeout, would otherwise hold Checkpoint (a save, a dump, the save
-// on SIGTERM) for as long as it likes.
-const snapshotRounds = 10
+// An engine snapshot may take, from its header to its end, snapshotRounds
+// ReplayTimeouts and a second for every snapshotRecordsPerSecond records
+// its header announces (counted up to snapshotBudgetRecords, four times
+// the blocks an actor holds at most). A real engine sends it in one burst
+// (its sends time out after 500 ms), and kvpipe applies millions of blocks
+// a second; one that trickles replies, each within ReplayTimeout, would
+// otherwise hold Checkpoint (a save, a dump, the save on SIGTERM) for as
+// long as it likes.
+const (
+	snapshotRounds           = 10
+	snapshotRecordsPerSecond = 100_000
+	snapshotBudgetRecords    = 1 << 24
+)
+
+// snapshotBudget is how long a snapshot of records may take after its
+// header, at replayTimeout.
+func snapshotBudget(replayTimeout time.Duration, records int) time.Duration {
+	records = min(max(records, 0), snapshotBudgetRecords)
+	budget := time.Duration(records) * time.Second / snapshotRecordsPerSecond // at most 168 s
+	if replayTimeout >= (math.MaxInt64-budget)/snapshotRounds {
+		return math.MaxInt64
+	}
+	return budget + snapshotRounds*replayTimeout
+}
 
 // replies takes the snapshot's replies from r until it ends.
 func (c *snapshotCall) replies(ctx context.Context, sub, r *zsock.Receiver) bool {
@@ -132,7 +150,7 @@ func (c *snapshotCall) replies(ctx context.Context, sub, r *zsock.Receiver) bool
 			c.failed("wait", errors.New("timed out"))
 			return true
 		case <-wholeC:
-			c.failed("wait", fmt.Errorf("not ended %d ReplayTimeouts after its header", snapshotRounds))
+			c.failed("wait", fmt.Errorf("not ended %v after its header", snapshotBudget(s.cfg.ReplayTimeout, t.header.RecordCount)))
 			return true
 		case m, ok := <-live:
 			if !ok {
@@ -162,11 +180,7 @@ func (c *snapshotCall) replies(ctx context.Context, sub, r *zsock.Receiver) bool
 		switch st, err := t.reply(kind, payload); st {
 		case snapBegin:
 			h.HandleEngineSnapshotBegin()
-			budget := time.Duration(math.MaxInt64)
-			if s.cfg.ReplayTimeout < budget/snapshotRounds {
-				budget = snapshotRounds * s.cfg.ReplayTimeout
-			}
-			whole.Reset(budget)
+			whole.Reset(snapshotBudget(s.cfg.ReplayTimeout, t.header.RecordCount))
 			wholeC = whole.C
 		case snapChunk:
 			h.HandleEngineSnapshot(payload)

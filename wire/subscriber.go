@@ -46,8 +46,9 @@ type Options struct {
 	// ReplayTimeout bounds the wait for the first reply to a replay request
 	// (default 2s); once replies flow, a pause of an eighth of it (at least
 	// 50ms) means the rest was dropped, and the replay asks again from there.
-	// It also bounds the wait for each reply of an engine snapshot, and
-	// snapshotRounds times it the whole snapshot after its header.
+	// It also bounds the wait for each reply of an engine snapshot, and,
+	// ten times over and a second per 100,000 records its header announces,
+	// the whole snapshot after its header (snapshotBudget).
 	ReplayTimeout time.Duration
 	// ReplayPatience is how long a failing replay is retried, with backoff,
 	// before its gap counts as lost or a reconnect's history is reset
@@ -300,7 +301,7 @@ func (s *Subscriber) Resume(seq, fp uint64) {
 // a live batch, a dial, a backoff, a replay's reply (a replay under way is
 // at its last batch applied) or an engine snapshot's header (once it has
 // come, the handler is mid-snapshot until its end, or until the snapshot
-// fails, snapshotRounds ReplayTimeouts later). It waits while Run is
+// fails, its snapshotBudget after the header). It waits while Run is
 // not running, and returns ctx's error if f has not run when ctx ends.
 func (s *Subscriber) Checkpoint(ctx context.Context, f func()) error {
 	done := make(chan struct{})
