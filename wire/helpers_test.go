@@ -108,16 +108,21 @@ func runSubscriber(t *testing.T, s *Subscriber) *recorder {
 	t.Helper()
 	rec := newRecorder()
 	rec.sub = s
+	runHandler(t, s, rec)
+	return rec
+}
+
+// runHandler runs s with h until the test ends and waits for it.
+func runHandler(t *testing.T, s *Subscriber, h Handler) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx, rec) }()
+	go func() { done <- s.Run(ctx, h) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != context.Canceled {
 			t.Errorf("Run returned %v, want context.Canceled", err)
 		}
 	})
-	return rec
 }
 
 // syncUp publishes probe batches until the subscriber has one: PUB/SUB drops

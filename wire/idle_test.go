@@ -1,7 +1,6 @@
 package wire
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -37,15 +36,7 @@ func TestHeldWorkRetriedSoonInEachQuietSpell(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := holding{recorder: newRecorder(), idles: make(chan time.Time, 1)}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx, h) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != context.Canceled {
-			t.Errorf("Run returned %v, want context.Canceled", err)
-		}
-	}()
+	runHandler(t, s, h)
 	syncUp(t, pub, h.recorder)
 	for i := range 12 { // enough spells for the backoff to reach its top (1 s) if never reset
 		pub.Publish(body(i))

@@ -282,15 +282,7 @@ func TestTricklingEngineSnapshotFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := snapshotting{recorder: newRecorder(), begun: make(chan struct{}, 1)}
-	ctx, cancelRun := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx, rec) }()
-	defer func() {
-		cancelRun()
-		if err := <-done; err != context.Canceled {
-			t.Errorf("Run returned %v, want context.Canceled", err)
-		}
-	}()
+	runHandler(t, s, rec)
 	syncUp(t, pub, rec.recorder)
 	pub.Drop(body(0))
 	pub.Publish(body(1)) // a gap lost, so a reset, so the engine's snapshot

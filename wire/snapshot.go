@@ -176,24 +176,33 @@ func (c *snapshotCall) replies(ctx context.Context, sub, r *zsock.Receiver) bool
 			continue // not progress: the timer keeps running
 		}
 		timer.Reset(s.cfg.ReplayTimeout)
-		kind, payload := string(m.Frames[1]), m.Frames[2]
-		switch st, err := t.reply(kind, payload); st {
+		switch c.apply(string(m.Frames[1]), m.Frames[2]) {
 		case snapBegin:
-			h.HandleEngineSnapshotBegin()
 			whole.Reset(snapshotBudget(s.cfg.ReplayTimeout, t.header.RecordCount))
 			wholeC = whole.C
-		case snapChunk:
-			h.HandleEngineSnapshot(payload)
-		case snapEnd:
-			h.HandleEngineSnapshotEnd(true)
-			s.stats.Snapshots.Add(1)
-			s.live.resumeAfter(&s.seq, t.header.BarrierSeq)
-			return true
-		case snapFail:
-			c.failed(kind, err)
+		case snapEnd, snapFail:
 			return true
 		}
 	}
+}
+
+// apply carries out one reply of the snapshot, and says what it was.
+func (c *snapshotCall) apply(kind string, payload []byte) snapshotStep {
+	s, h, t := c.s, c.h, &c.talk
+	st, err := t.reply(kind, payload)
+	switch st {
+	case snapBegin:
+		h.HandleEngineSnapshotBegin()
+	case snapChunk:
+		h.HandleEngineSnapshot(payload)
+	case snapEnd:
+		h.HandleEngineSnapshotEnd(true)
+		s.stats.Snapshots.Add(1)
+		s.live.resumeAfter(&s.seq, t.header.BarrierSeq)
+	case snapFail:
+		c.failed(kind, err)
+	}
+	return st
 }
 
 // resumeAfter positions the stream after the barrier whose state the worker
