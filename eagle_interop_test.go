@@ -24,13 +24,12 @@ func tokensFrom(base, n int) []uint32 {
 func TestInteropSGLangEagle(t *testing.T) {
 	for _, form := range []string{"array", "map"} {
 		t.Run(form, func(t *testing.T) {
-			ep, replay := freeTCP(t), freeTCP(t)
-			args := []string{"--endpoint", ep, "--replay", replay, "--eagle"}
+			args := []string{"--eagle"}
 			if form == "map" {
 				args = append(args, "--map-events")
 			}
-			engine := enginepeer.Start(t, "wire/testdata/sglang_pub.py", args...)
-			engine.Expect("ready")
+			engine, eps := enginepeer.StartBound(t, freeTCP, "wire/testdata/sglang_pub.py", []string{"--endpoint", "--replay"}, args...)
+			ep, replay := eps[0], eps[1]
 			p := startPipeline(t, Config{})
 			subscribe(t, p, WorkerConfig{Endpoint: ep, ReplayEndpoint: replay})
 			engine.Send("go")

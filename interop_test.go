@@ -15,10 +15,8 @@ import (
 
 func startPyEngine(t *testing.T, args ...string) (engine *enginepeer.Peer, ep, replay string) {
 	t.Helper()
-	ep, replay = freeTCP(t), freeTCP(t)
-	engine = enginepeer.Start(t, "wire/testdata/engine_pub.py", append([]string{"--endpoint", ep, "--replay", replay}, args...)...)
-	engine.Expect("ready")
-	return engine, ep, replay
+	engine, eps := enginepeer.StartBound(t, freeTCP, "wire/testdata/engine_pub.py", []string{"--endpoint", "--replay"}, args...)
+	return engine, eps[0], eps[1]
 }
 
 // subscribe adds worker "w" for the engine and waits until its probes arrive.
@@ -109,10 +107,8 @@ func TestInteropFloodAtHWM1LosesNothing(t *testing.T) {
 // stored again matches again; blocks the snapshot names but kvpipe never saw
 // are counted and leave the worker partial. A restart shows as a new epoch.
 func TestInteropSGLangSnapshotAfterALoss(t *testing.T) {
-	ep, replay, snap := freeTCP(t), freeTCP(t), freeTCP(t)
-	engine := enginepeer.Start(t, "wire/testdata/sglang_pub.py", "--endpoint", ep, "--replay", replay,
-		"--snapshot", snap, "--buffer", "20")
-	engine.Expect("ready")
+	engine, eps := enginepeer.StartBound(t, freeTCP, "wire/testdata/sglang_pub.py", []string{"--endpoint", "--replay", "--snapshot"}, "--buffer", "20")
+	ep, replay, snap := eps[0], eps[1], eps[2]
 	cfg := Config{}
 	cfg.Subscriber.TailCheck = 100 * time.Millisecond
 	p := startPipeline(t, cfg)
@@ -173,10 +169,8 @@ func TestInteropSGLangSnapshotAfterALoss(t *testing.T) {
 // A snapshot the engine refuses costs nothing but the snapshot: counted, the
 // worker stays partial and goes on.
 func TestInteropSGLangSnapshotRefused(t *testing.T) {
-	ep, replay, snap := freeTCP(t), freeTCP(t), freeTCP(t)
-	engine := enginepeer.Start(t, "wire/testdata/sglang_pub.py", "--endpoint", ep, "--replay", replay,
-		"--snapshot", snap, "--buffer", "5")
-	engine.Expect("ready")
+	engine, eps := enginepeer.StartBound(t, freeTCP, "wire/testdata/sglang_pub.py", []string{"--endpoint", "--replay", "--snapshot"}, "--buffer", "5")
+	ep, replay, snap := eps[0], eps[1], eps[2]
 	p := startPipeline(t, Config{})
 	subscribe(t, p, WorkerConfig{Endpoint: ep, ReplayEndpoint: replay, SnapshotEndpoint: snap})
 	engine.Send("go")

@@ -37,10 +37,8 @@ type listenSummary struct {
 
 // startListen runs the libzmq engine peer and `kvpipe listen` against it.
 func startListen(t *testing.T) (*listening, *enginepeer.Peer) {
-	ep, replay := freeTCP(t), freeTCP(t)
-	engine := enginepeer.Start(t, "../../wire/testdata/engine_pub.py", "--endpoint", ep, "--replay", replay)
-	engine.Expect("ready")
-	return listenTo(t, ep, replay), engine
+	engine, eps := enginepeer.StartBound(t, freeTCP, "../../wire/testdata/engine_pub.py", []string{"--endpoint", "--replay"})
+	return listenTo(t, eps[0], eps[1]), engine
 }
 
 func listenTo(t *testing.T, ep, replay string) *listening {

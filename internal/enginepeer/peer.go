@@ -87,6 +87,34 @@ func Start(t testing.TB, script string, args ...string) *Peer {
 	return p
 }
 
+// StartBound starts script with an endpoint picked by free for each of
+// flags (flag, endpoint, ...), then args, and returns the peer once it says
+// "ready", with the endpoints. A peer that exits instead (it could not
+// bind: another process took a port between its pick and the bind) is
+// started again on new ones, up to three times.
+func StartBound(t testing.TB, free func(testing.TB) string, script string, flags []string, args ...string) (*Peer, []string) {
+	t.Helper()
+	for range 3 {
+		eps := make([]string, len(flags))
+		var all []string
+		for i, f := range flags {
+			eps[i] = free(t)
+			all = append(all, f, eps[i])
+		}
+		p := Start(t, script, append(all, args...)...)
+		select {
+		case l, ok := <-p.Lines:
+			if ok && strings.HasPrefix(l, "ready") {
+				return p, eps
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatal("peer silent, want \"ready\"")
+		}
+	}
+	t.Fatalf("%s never bound its endpoints", script)
+	return nil, nil
+}
+
 // Signal sends sig to the peer's process, e.g. SIGSTOP to freeze an engine
 // with its sockets open (Start's cleanup continues it).
 func (p *Peer) Signal(sig os.Signal) {

@@ -108,9 +108,8 @@ func (c *pyClient) checkBatchAndRouted(full, half []uint32) {
 // and asks it, on both ports: the scores are the engine's blocks, and a
 // dump names them.
 func TestInteropPythonClient(t *testing.T) {
-	ep, replay := freeTCP(t), freeTCP(t)
-	engine := enginepeer.Start(t, "../../wire/testdata/engine_pub.py", "--endpoint", ep, "--replay", replay)
-	engine.Expect("ready")
+	engine, eps := enginepeer.StartBound(t, freeTCP, "../../wire/testdata/engine_pub.py", []string{"--endpoint", "--replay"})
+	ep, replay := eps[0], eps[1]
 	r := start(t, Config{Token: testToken, Allow: []string{"127.0.0.1"}})
 	py := newPyClient(t, strings.TrimPrefix(r.url, "http://"))
 	var reg struct {

@@ -17,7 +17,8 @@ import (
 // hands out as the local port of every outgoing connection: a port taken
 // from that range (a listen on :0) could become some other test's
 // connection's before its peer binds it, and stay taken for that
-// connection's life (a libzmq peer failed to bind so, in 1 CI run of ~50).
+// connection's life. (Peers that bind still retry on new ports:
+// enginepeer.StartBound.)
 func FreeTCP(t testing.TB) string {
 	t.Helper()
 	for range 1000 {
