@@ -3,6 +3,8 @@
 package ztest
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"net"
 	"sync"
 	"testing"
@@ -11,15 +13,27 @@ import (
 )
 
 // FreeTCP returns a tcp:// endpoint on loopback that was free a moment ago.
+// Its port is below Linux's ephemeral range (32768 on), which the kernel
+// hands out as the local port of every outgoing connection: a port taken
+// from that range (a listen on :0) could become some other test's
+// connection's before its peer binds it, and stay taken for that
+// connection's life. (Peers that bind still retry on new ports:
+// enginepeer.StartBound.)
 func FreeTCP(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 1000 {
+		addr := fmt.Sprintf("127.0.0.1:%d", lowPorts+rand.IntN(numLowPorts))
+		if l, err := net.Listen("tcp", addr); err == nil {
+			l.Close()
+			return "tcp://" + addr
+		}
 	}
-	defer l.Close()
-	return "tcp://" + l.Addr().String()
+	t.Fatal("no free port below the ephemeral range")
+	return ""
 }
+
+// The ports FreeTCP picks from.
+const lowPorts, numLowPorts = 20000, 12000
 
 // VerifyNoLeaks runs the tests and fails if a goroutine outlives them. zmq4
 // v0.17.0 never stops a PUB socket's writer goroutine (pubMWriter.run waits on
