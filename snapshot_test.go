@@ -246,7 +246,7 @@ func (s source) Run(ctx context.Context, f *Feed) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case o := <-s.ops:
-			o.err <- f.Apply(ctx, o.worker, o.partial, o.ops)
+			o.err <- f.Apply(ctx, o.worker, FedState{Partial: o.partial}, o.ops)
 		}
 	}
 }
@@ -457,12 +457,16 @@ func TestRepublishAndFlush(t *testing.T) {
 	got := slices.Clone(c.ops[1:])
 	slices.SortFunc(got, func(x, y index.Op) int { return cmp.Compare(x.Hash, y.Hash) })
 	want := []index.Op{}
-	for _, k := range keys {
-		want = append(want, index.Op{Kind: index.OpStore, Hash: k})
+	for i, k := range keys { // each chained as the engine stored it
+		op := index.Op{Kind: index.OpStore, Hash: k, Link: index.LinkRoot}
+		if i > 0 {
+			op.Link, op.Parent = index.LinkChild, keys[i-1]
+		}
+		want = append(want, op)
 	}
 	slices.SortFunc(want, func(x, y index.Op) int { return cmp.Compare(x.Hash, y.Hash) })
 	if c.ops[0].Kind != index.OpClearWorker || !slices.Equal(got, want) || !c.o.Whole || c.o.Partial {
-		t.Errorf("republished %+v (%+v), want a clear then the stores of %v, whole and not partial", c.ops, c.o, keys)
+		t.Errorf("republished %+v (%+v), want a clear then the stores of %v, chained, whole and not partial", c.ops, c.o, keys)
 	}
 	if err := republish(context.Background(), "nobody"); !errors.Is(err, ErrNoWorker) {
 		t.Errorf("Republish of an unknown worker: %v, want ErrNoWorker", err)

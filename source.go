@@ -25,10 +25,20 @@ type Feed struct {
 	p *Pipeline
 }
 
+// FedState is what a Source says of its worker as of a Feed.Apply call's
+// ops.
+type FedState struct {
+	Partial bool // Match.Partial: its entries may lack blocks its engine holds
+	// Eagle: its keys are over EAGLE windows, so that requests are matched
+	// against it with EAGLE keys (WorkerConfig.Eagle, Match.Eagle).
+	Eagle bool
+}
+
 // fedWorker is what the pipeline knows of a Source's worker: written by the
 // Source's goroutine, read by scrapes and the read path.
 type fedWorker struct {
 	partial atomic.Bool
+	eagle   atomic.Bool
 	batches atomic.Uint64
 	stored  atomic.Uint64
 	removed atomic.Uint64
@@ -39,7 +49,8 @@ type fedWorker struct {
 }
 
 func (f *fedWorker) stats() actor.Stats {
-	st := actor.Stats{Batches: f.batches.Load(), BlocksStored: f.stored.Load(), BlocksRemoved: f.removed.Load(), Partial: f.partial.Load()}
+	st := actor.Stats{Batches: f.batches.Load(), BlocksStored: f.stored.Load(), BlocksRemoved: f.removed.Load(),
+		Partial: f.partial.Load(), Eagle: f.eagle.Load()}
 	for t := range st.TierBlocks {
 		st.TierBlocks[t] = f.tierBlocks[t].Load()
 	}
@@ -58,13 +69,12 @@ func (f *fedWorker) count(op index.Op) {
 }
 
 // Apply hands ops to worker's shard, in order, waiting while the shard is
-// behind or until ctx ends. partial is the worker's state after them
-// (Match.Partial). Ops after an OpRemoveWorker belong to a new worker of
+// behind or until ctx ends. st is the worker's state as of them. Ops after an OpRemoveWorker belong to a new worker of
 // that name. An op of an unknown kind or tier fails the call before any of
 // its ops is applied, and so does a name an engine worker has (ErrNameTaken);
 // a call that ctx ends may have applied some. Calls for one worker must not
 // run concurrently.
-func (f *Feed) Apply(ctx context.Context, worker string, partial bool, ops []index.Op) error {
+func (f *Feed) Apply(ctx context.Context, worker string, st FedState, ops []index.Op) error {
 	for i, op := range ops {
 		if op.Kind > index.OpClearTier || op.Tier >= index.NumTiers {
 			return fmt.Errorf("kvpipe: source worker %q: op %d has kind %d, tier %d: none of its ops applied", worker, i, op.Kind, op.Tier)
@@ -75,7 +85,7 @@ func (f *Feed) Apply(ctx context.Context, worker string, partial bool, ops []ind
 		if err != nil {
 			return err
 		}
-		n, err := f.send(ctx, w, partial, ops)
+		n, err := f.send(ctx, w, st, ops)
 		f.p.feeding.Done()
 		if err != nil {
 			return err
@@ -86,14 +96,18 @@ func (f *Feed) Apply(ctx context.Context, worker string, partial bool, ops []ind
 }
 
 // send queues ops for w up to and with the first OpRemoveWorker, and
-// returns how many that was.
-func (f *Feed) send(ctx context.Context, w *worker, partial bool, ops []index.Op) (int, error) {
+// returns how many that was. w's mode is set before its ops are queued,
+// so that a match that reads them reads them with their own keys.
+func (f *Feed) send(ctx context.Context, w *worker, st FedState, ops []index.Op) (int, error) {
 	n := len(ops)
 	for i, op := range ops {
 		if op.Kind == index.OpRemoveWorker {
 			n = i + 1
 			break
 		}
+	}
+	if w.fed.eagle.Swap(st.Eagle) != st.Eagle {
+		f.p.read.eagleChanged()
 	}
 	queue := f.p.read.shards.Load().Queue(w.id)
 	for part := ops[:n]; len(part) > 0; part = part[min(len(part), maxFedOps):] {
@@ -111,7 +125,7 @@ func (f *Feed) send(ctx context.Context, w *worker, partial bool, ops []index.Op
 	if ops[n-1].Kind == index.OpRemoveWorker {
 		f.drop(w)
 	} else {
-		w.fed.partial.Store(partial)
+		w.fed.partial.Store(st.Partial)
 	}
 	return n, nil
 }

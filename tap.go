@@ -44,7 +44,7 @@ func (s tapSink) Send(b *index.Batch, wait bool) bool {
 // ops hands the Tap one batch of the actor's ops.
 func (t *tapped) ops(ops []index.Op) {
 	o := t.origin
-	o.Partial = t.a.Partial()
+	o.Partial, o.Eagle = t.a.Partial(), t.a.Eagle()
 	t.streamSeq = t.tap.Ops(t.ctx, t.name, ops, o)
 	t.origin.Part++
 }
@@ -58,7 +58,7 @@ func (t *tapped) republish(scratch *snapshot.Worker) {
 	ops[0] = index.Op{Kind: index.OpClearWorker}
 	for ops := scratch.AppendOps(ops); len(ops) > 0; {
 		n := min(len(ops), republishPart)
-		o := seam.Origin{Whole: true, Partial: scratch.Partial || n < len(ops)}
+		o := seam.Origin{Whole: true, Partial: scratch.Partial || n < len(ops), Eagle: scratch.Eagle}
 		t.streamSeq = t.tap.Ops(t.ctx, t.name, ops[:n], o)
 		ops = ops[n:]
 	}

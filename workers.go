@@ -43,7 +43,7 @@ type worker struct {
 // eagle reports whether w's blocks are keyed over EAGLE windows.
 func (w *worker) eagle() bool {
 	if w.fed != nil {
-		return false
+		return w.fed.eagle.Load()
 	}
 	if a := w.actor.Load(); a != nil {
 		return a.Eagle()
@@ -247,7 +247,7 @@ func (w *worker) prepare(ctx context.Context, cfg *Config, shard chan<- *index.B
 	case cfg.Tap != nil:
 		// What the stream held of it is not this worker's: the Tap's first
 		// op clears it there (the shard holds nothing of a new worker).
-		cfg.Tap.Ops(ctx, w.name, []index.Op{{Kind: index.OpClearWorker}}, seam.Origin{Partial: a.Partial()})
+		cfg.Tap.Ops(ctx, w.name, []index.Op{{Kind: index.OpClearWorker}}, seam.Origin{Partial: a.Partial(), Eagle: a.Eagle()})
 	}
 }
 

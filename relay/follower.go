@@ -42,7 +42,9 @@ type Follower struct {
 	reason string
 
 	// Owned by Run (its calls never overlap).
-	fed      map[string]bool // workers given ops, across runs: the next run clears those it does not rebuild
+	// fed: the workers given ops, across runs (the next run clears those it
+	// does not rebuild), each with the EAGLE mode it was last given.
+	fed      map[string]bool
 	snap     snapshot.Snapshot
 	buf      []byte
 	ops      []index.Op
@@ -316,8 +318,8 @@ func (f *Follower) passHole(ctx context.Context, feed *kvpipe.Feed, fl *followin
 // clearFed clears every worker the follower has fed, but one whose name
 // the router's own engine worker has taken since (not the follower's).
 func (f *Follower) clearFed(ctx context.Context, feed *kvpipe.Feed) error {
-	for name := range f.fed {
-		if err := feed.Apply(ctx, name, true, []index.Op{{Kind: index.OpClearWorker}}); err != nil && !errors.Is(err, kvpipe.ErrNameTaken) {
+	for name, eagle := range f.fed {
+		if err := feed.Apply(ctx, name, kvpipe.FedState{Partial: true, Eagle: eagle}, []index.Op{{Kind: index.OpClearWorker}}); err != nil && !errors.Is(err, kvpipe.ErrNameTaken) {
 			return err
 		}
 	}
@@ -361,19 +363,20 @@ func (f *Follower) handle(ctx context.Context, feed *kvpipe.Feed, workers map[st
 		f.stats.skipped.Add(1)
 		return nil
 	}
-	ops, partial, err := opstream.DecodeMessage(msg.Data(), f.ops)
+	ops, h, err := opstream.DecodeMessage(msg.Data(), f.ops)
 	f.ops = ops[:0]
 	if err != nil {
 		// Its ops are lost, removes perhaps among them: the worker's
 		// entries go, and it is partial until a clear makes it whole.
 		f.badMessage(seq, msg.Subject(), err)
 		w.whole = false
-		if err := feed.Apply(ctx, w.name, true, []index.Op{{Kind: index.OpClearWorker}}); errors.Is(err, kvpipe.ErrNameTaken) {
+		eagle := f.fed[w.name]
+		if err := feed.Apply(ctx, w.name, kvpipe.FedState{Partial: true, Eagle: eagle}, []index.Op{{Kind: index.OpClearWorker}}); errors.Is(err, kvpipe.ErrNameTaken) {
 			return nil // not ours to clear
 		} else if err != nil {
 			return err
 		}
-		f.fed[w.name] = true
+		f.fed[w.name] = eagle
 		return nil
 	}
 	removed := -1 // the last OpRemoveWorker's index
@@ -387,7 +390,7 @@ func (f *Follower) handle(ctx context.Context, feed *kvpipe.Feed, workers map[st
 			removed, w.covered, w.whole = i, 0, true
 		}
 	}
-	if err := feed.Apply(ctx, w.name, partial || !w.whole, ops); errors.Is(err, kvpipe.ErrNameTaken) {
+	if err := feed.Apply(ctx, w.name, kvpipe.FedState{Partial: h.Partial || !w.whole, Eagle: h.Eagle}, ops); errors.Is(err, kvpipe.ErrNameTaken) {
 		// The router's own engine worker has the name: its ops are not
 		// the relay's to change, and the stream goes on past them.
 		f.badMessage(seq, msg.Subject(), err)
@@ -399,7 +402,7 @@ func (f *Follower) handle(ctx context.Context, feed *kvpipe.Feed, workers map[st
 	if removed >= 0 && removed == len(ops)-1 {
 		delete(f.fed, w.name)
 	} else { // fed, or removed and made again by the ops after (Feed.Apply)
-		f.fed[w.name] = true
+		f.fed[w.name] = h.Eagle
 	}
 	return nil
 }
@@ -486,7 +489,7 @@ func (f *Follower) applySnapshot(ctx context.Context, feed *kvpipe.Feed, snap *s
 	}
 	for name := range f.fed {
 		if !in[name] {
-			if err := feed.Apply(ctx, name, true, []index.Op{{Kind: index.OpRemoveWorker}}); err != nil {
+			if err := feed.Apply(ctx, name, kvpipe.FedState{Partial: true}, []index.Op{{Kind: index.OpRemoveWorker}}); err != nil {
 				return err
 			}
 			delete(f.fed, name)
@@ -499,7 +502,7 @@ func (f *Follower) applySnapshot(ctx context.Context, feed *kvpipe.Feed, snap *s
 		// In parts of at most a shard batch; partial until the last.
 		for ops := f.ops; len(ops) > 0; {
 			n := min(len(ops), 256)
-			err := feed.Apply(ctx, name, w.Partial || n < len(ops), ops[:n])
+			err := feed.Apply(ctx, name, kvpipe.FedState{Partial: w.Partial || n < len(ops), Eagle: w.Eagle}, ops[:n])
 			if errors.Is(err, kvpipe.ErrNameTaken) {
 				f.warn.Warn("snapshot worker skipped", "worker", name, "err", err)
 				break // its messages are skipped as well (handle)
@@ -508,7 +511,7 @@ func (f *Follower) applySnapshot(ctx context.Context, feed *kvpipe.Feed, snap *s
 				return err
 			}
 			ops = ops[n:]
-			f.fed[name] = true
+			f.fed[name] = w.Eagle
 		}
 		// An absent worker's entries up to base are not in the snapshot:
 		// partial until the relay clears it (starting it afresh).

@@ -28,7 +28,7 @@ func TestRemovedAndMadeAgainInOneMessageIsClearedOnARestart(t *testing.T) {
 	}
 	publish := func(worker string, ops ...index.Op) uint64 {
 		t.Helper()
-		msg, err := opstream.AppendMessage(nil, false, ops)
+		msg, err := opstream.AppendMessage(nil, opstream.Header{}, ops)
 		if err != nil {
 			t.Fatal(err)
 		}

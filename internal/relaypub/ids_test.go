@@ -22,8 +22,8 @@ func everyOp() []index.Op {
 }
 
 func TestMessageIDs(t *testing.T) {
-	msg, _ := opstream.AppendMessage(nil, false, everyOp())
-	other, _ := opstream.AppendMessage(nil, true, everyOp())
+	msg, _ := opstream.AppendMessage(nil, opstream.Header{}, everyOp())
+	other, _ := opstream.AppendMessage(nil, opstream.Header{Partial: true}, everyOp())
 	fresh := freshLineage("w")
 	id, l := appendBatchID(nil, "w", 42, 0xabc, 1, fresh, msg)
 	if !strings.HasPrefix(string(id), "w.42.abc.1.") {

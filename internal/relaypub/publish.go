@@ -156,7 +156,7 @@ func (ru *run) Ops(ctx context.Context, worker string, ops []index.Op, o seam.Or
 	case msg = <-ps.free:
 	default:
 	}
-	msg, err := opstream.AppendMessage(msg[:0], o.Partial, ops)
+	msg, err := opstream.AppendMessage(msg[:0], opstream.Header{Partial: o.Partial, Eagle: o.Eagle}, ops)
 	if err != nil {
 		r.stats.encodeErrors.Add(1)
 		r.log.Error("kvpipe/relay: batch not published", "worker", worker, "err", err)

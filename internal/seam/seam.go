@@ -51,6 +51,7 @@ type Origin struct {
 	Fingerprint uint64
 	Part        int
 	Partial     bool // the worker's Partial once the ops are applied
+	Eagle       bool // the worker keys its blocks over EAGLE windows (actor.Actor.Eagle)
 	// Whole: the ops are a part of the worker's whole state, a clear first,
 	// as Republish makes it.
 	Whole bool

@@ -302,10 +302,22 @@ func (s *Snapshot) Blocks() int {
 // AppendOps appends the ops that rebuild w's index entries to dst: for each
 // block in order, for each tier it is held in (ascending), an OpStore of
 // each of its router keys, first to last (its split keys, then Keys[i]).
-// A block held in no tier emits nothing. w is expected to pass Check; one
-// that does not yields an unspecified subset of its ops, never a panic.
+// Each store says its link as the actor's would (index.Op.Link): a block
+// without a parent is a root, one whose parent w holds is its parent's
+// last key's child, one whose parent w lacks is of unknown link; a split
+// block's keys after its first are each chained from the one before. A
+// block held in no tier emits nothing. w is expected to pass Check; one
+// that does not yields an unspecified subset of its ops, never a panic. A
+// worker with parents costs a map of its blocks' keys.
 func (w *Worker) AppendOps(dst []index.Op) []index.Op {
-	n := min(len(w.Hashes), len(w.Keys), len(w.Flags))
+	n := min(len(w.Hashes), len(w.Keys), len(w.Flags), len(w.Parents))
+	var keyOf map[uint64]uint64 // engine hash -> its last router key
+	if slices.ContainsFunc(w.Flags[:n], func(f uint8) bool { return f&FlagParent != 0 }) {
+		keyOf = make(map[uint64]uint64, n)
+		for j, h := range w.Hashes[:n] {
+			keyOf[h] = w.Keys[j] // a repeated hash: the last one wins, as in actor.Import
+		}
+	}
 	split := w.Split
 	for i, f := range w.Flags[:n] {
 		var pre []uint64 // the block's split keys, before Keys[i]
@@ -313,14 +325,25 @@ func (w *Worker) AppendOps(dst []index.Op) []index.Op {
 			k := min(w.SplitK-1, len(split))
 			pre, split = split[:k], split[k:]
 		}
+		first, parent := index.LinkRoot, uint64(0)
+		if f&FlagParent != 0 {
+			var ok bool
+			if parent, ok = keyOf[w.Parents[i]]; ok {
+				first = index.LinkChild
+			} else {
+				first = index.LinkNone
+			}
+		}
 		for t := range index.Tier(index.NumTiers) {
 			if f&(1<<(TierShift+t)) == 0 {
 				continue
 			}
+			link, p := first, parent
 			for _, h := range pre {
-				dst = append(dst, index.Op{Kind: index.OpStore, Tier: t, Hash: h})
+				dst = append(dst, index.Op{Kind: index.OpStore, Tier: t, Hash: h, Link: link, Parent: p})
+				link, p = index.LinkChild, h
 			}
-			dst = append(dst, index.Op{Kind: index.OpStore, Tier: t, Hash: w.Keys[i]})
+			dst = append(dst, index.Op{Kind: index.OpStore, Tier: t, Hash: w.Keys[i], Link: link, Parent: p})
 		}
 	}
 	return dst

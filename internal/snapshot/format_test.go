@@ -400,33 +400,46 @@ func TestCheck(t *testing.T) {
 }
 
 func TestAppendOps(t *testing.T) {
-	store := func(t index.Tier, h uint64) index.Op { return index.Op{Kind: index.OpStore, Tier: t, Hash: h} }
+	root := func(t index.Tier, h uint64) index.Op {
+		return index.Op{Kind: index.OpStore, Tier: t, Hash: h, Link: index.LinkRoot}
+	}
+	child := func(t index.Tier, h, parent uint64) index.Op {
+		return index.Op{Kind: index.OpStore, Tier: t, Hash: h, Link: index.LinkChild, Parent: parent}
+	}
+	orphan := func(t index.Tier, h uint64) index.Op { return index.Op{Kind: index.OpStore, Tier: t, Hash: h} }
 	tests := []struct {
-		name string
-		w    Worker
-		want []index.Op
+		name    string
+		w       Worker // Hashes are 1000+i; Parents, where set, name them
+		parents []uint64
+		want    []index.Op
 	}{
-		{"no blocks", Worker{}, nil},
-		{"device", Worker{Keys: []uint64{10, 20}, Flags: []uint8{in(dev), in(dev)}},
-			[]index.Op{store(dev, 10), store(dev, 20)}},
-		{"each tier", Worker{Keys: []uint64{1, 2, 3, 4}, Flags: []uint8{in(remote), in(disk), in(host), in(dev)}},
-			[]index.Op{store(remote, 1), store(disk, 2), store(host, 3), store(dev, 4)}},
-		{"tiers ascending", Worker{Keys: []uint64{7}, Flags: []uint8{FlagParent | in(remote, dev, disk, host)}},
-			[]index.Op{store(dev, 7), store(host, 7), store(disk, 7), store(remote, 7)}},
-		{"no tier", Worker{Keys: []uint64{1, 2, 3}, Flags: []uint8{in(host), FlagParent, in(dev)}},
-			[]index.Op{store(host, 1), store(dev, 3)}},
-		{"split", Worker{SplitK: 3, Keys: []uint64{9, 19}, Split: []uint64{17, 18}, Flags: []uint8{in(dev), FlagSplit | in(dev, disk)}},
-			[]index.Op{store(dev, 9), store(dev, 17), store(dev, 18), store(dev, 19), store(disk, 17), store(disk, 18), store(disk, 19)}},
+		{"no blocks", Worker{}, nil, nil},
+		{"device", Worker{Keys: []uint64{10, 20}, Flags: []uint8{in(dev), in(dev)}}, nil,
+			[]index.Op{root(dev, 10), root(dev, 20)}},
+		{"each tier", Worker{Keys: []uint64{1, 2, 3, 4}, Flags: []uint8{in(remote), in(disk), in(host), in(dev)}}, nil,
+			[]index.Op{root(remote, 1), root(disk, 2), root(host, 3), root(dev, 4)}},
+		{"tiers ascending, a parent it lacks", Worker{Keys: []uint64{7}, Flags: []uint8{FlagParent | in(remote, dev, disk, host)}}, []uint64{5},
+			[]index.Op{orphan(dev, 7), orphan(host, 7), orphan(disk, 7), orphan(remote, 7)}},
+		{"a parent in no tier still links", Worker{Keys: []uint64{1, 2, 3}, Flags: []uint8{in(host), FlagParent, FlagParent | in(dev)}}, []uint64{0, 1000, 1001},
+			[]index.Op{root(host, 1), child(dev, 3, 2)}},
+		{"a parent after its child", Worker{Keys: []uint64{1, 2}, Flags: []uint8{FlagParent | in(dev), in(dev)}}, []uint64{1001, 0},
+			[]index.Op{child(dev, 1, 2), root(dev, 2)}},
+		{"split", Worker{SplitK: 3, Keys: []uint64{9, 19}, Split: []uint64{17, 18}, Flags: []uint8{in(dev), FlagSplit | FlagParent | in(dev, disk)}}, []uint64{0, 1000},
+			[]index.Op{root(dev, 9), child(dev, 17, 9), child(dev, 18, 17), child(dev, 19, 18), child(disk, 17, 9), child(disk, 18, 17), child(disk, 19, 18)}},
 		{"split in no tier still takes its keys", Worker{
 			SplitK: 2, Keys: []uint64{100, 200, 300}, Split: []uint64{91, 92, 93},
 			Flags: []uint8{FlagSplit, FlagSplit | in(host), FlagSplit | FlagParent | in(dev)},
-		}, []index.Op{store(host, 92), store(host, 200), store(dev, 93), store(dev, 300)}},
+		}, []uint64{0, 0, 1000}, []index.Op{root(host, 92), child(host, 200, 92), child(dev, 93, 100), child(dev, 300, 93)}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			w := tc.w
 			w.Hashes = make([]uint64, len(w.Keys))
+			for i := range w.Hashes {
+				w.Hashes[i] = 1000 + uint64(i)
+			}
 			w.Parents = make([]uint64, len(w.Keys))
+			copy(w.Parents, tc.parents)
 			w.Name = []byte("w")
 			if p := w.problem(); p != "" {
 				t.Fatalf("test worker inconsistent: %s", p)
@@ -498,11 +511,16 @@ func TestAppendAllocatesNothing(t *testing.T) {
 	}
 }
 
+// A worker without parents needs no map of its keys: AppendOps allocates
+// nothing with room in dst.
 func TestAppendOpsAllocatesNothing(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates on its own")
 	}
-	w := &sample().Workers[0]
+	w := sample().Workers[0].Clone()
+	for i := range w.Flags {
+		w.Flags[i] &^= FlagParent
+	}
 	ops := make([]index.Op, 0, w.OpCount())
 	if allocs := testing.AllocsPerRun(100, func() { ops = w.AppendOps(ops[:0]) }); allocs != 0 {
 		t.Errorf("AppendOps allocates %.1f times with room in dst, want 0", allocs)
