@@ -118,9 +118,8 @@ func benchPayload(b *codec.Batch) []byte {
 // not be recovered is reported as lost/batch. The rate is Python's as much as
 // kvpipe's.
 func BenchmarkLibzmqPublisher(b *testing.B) {
-	ep, replay := ztest.FreeTCP(b), ztest.FreeTCP(b)
-	engine := enginepeer.Start(b, "testdata/engine_pub.py", "--endpoint", ep, "--replay", replay, "--buffer", "100000")
-	engine.Expect("ready")
+	engine, eps := enginepeer.StartBound(b, ztest.FreeTCP, "testdata/engine_pub.py", []string{"--endpoint", "--replay"}, "--buffer", "100000")
+	ep, replay := eps[0], eps[1]
 	sub, err := NewSubscriber(Config{Endpoint: ep, ReplayEndpoint: replay, Options: Options{IdleTimeout: -1, TailCheck: 50 * time.Millisecond, ReplayTimeout: 5 * time.Second}}) // a Python ROUTER answering 100k replies is slow
 	if err != nil {
 		b.Fatal(err)

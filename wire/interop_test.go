@@ -60,13 +60,12 @@ func wantHashes(t *testing.T, got []uint64, n int) {
 func TestInteropLibzmqEngineToGoSubscriber(t *testing.T) {
 	for _, replyTopic := range []bool{false, true} {
 		t.Run(map[bool]string{false: "sglang-and-old-vllm-replies", true: "vllm-0.26-replies"}[replyTopic], func(t *testing.T) {
-			ep, replay := freeTCP(t), freeTCP(t)
-			args := []string{"--endpoint", ep, "--replay", replay, "--topic", "kv"}
+			args := []string{"--topic", "kv"}
 			if replyTopic {
 				args = append(args, "--reply-topic")
 			}
-			engine := enginepeer.Start(t, "testdata/engine_pub.py", args...)
-			engine.Expect("ready")
+			engine, eps := enginepeer.StartBound(t, freeTCP, "testdata/engine_pub.py", []string{"--endpoint", "--replay"}, args...)
+			ep, replay := eps[0], eps[1]
 			s, rec := startSubscriber(t, Config{Endpoint: ep, ReplayEndpoint: replay, Topic: "kv"})
 			rec.next(t) // a probe arrived: the subscription is in place
 			engine.Send("go")

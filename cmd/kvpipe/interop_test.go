@@ -80,9 +80,9 @@ func TestServeCommandWithPythonClientAndLibzmqEngines(t *testing.T) {
 	var engines [2]engine
 	for i := range engines {
 		e := &engines[i]
-		e.ep, e.replay = freeTCP(t), freeTCP(t)
-		e.peer = enginepeer.Start(t, "../../wire/testdata/engine_pub.py", "--endpoint", e.ep, "--replay", e.replay)
-		e.peer.Expect("ready")
+		var eps []string
+		e.peer, eps = enginepeer.StartBound(t, freeTCP, "../../wire/testdata/engine_pub.py", []string{"--endpoint", "--replay"})
+		e.ep, e.replay = eps[0], eps[1]
 	}
 	token := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(token, []byte("t0k3n\n"), 0o600); err != nil {
