@@ -12,6 +12,7 @@ import (
 	"github.com/kvpipe/kvpipe"
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/seam"
+	"github.com/kvpipe/kvpipe/internal/sim"
 	"github.com/kvpipe/kvpipe/relay"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -167,4 +168,56 @@ func (m *appliedMessages) Next(opts ...jetstream.NextOpt) (jetstream.Msg, error)
 	var err error
 	m.last, err = m.MessagesContext.Next(opts...)
 	return m.last, err
+}
+
+// BenchmarkFollowerMatches matches every prompt the engines served, by its
+// keys, on the relay's pipeline and on a router that followed the relay's
+// stream, in one run: the stream carries each store's link, so that the
+// follower jumps through a worker's chains as the relay does (before
+// links, it read every matched key). Four engines of 4,000 blocks, on
+// device only: a worker with blocks in a lower tier is read key by key.
+func BenchmarkFollowerMatches(b *testing.B) {
+	_, js := startServer(b)
+	s := testSettings()
+	s.MaxBytes = 256 << 20
+	engines := make([]*engine, 4)
+	for i := range engines {
+		engines[i] = newEngine(b, fmt.Sprintf("e%d", i))
+		engines[i].sim = sim.NewEngine(bs, 4000) // no host tier: a tiered index reads key by key
+	}
+	rr := startRelay(b, js, relayConfig(s), engines...)
+	r := startRouter(b, js, s)
+	reqs := trace(2000, 21)
+	for i, e := range engines {
+		e.serve(reqs[i*500 : (i+1)*500])
+	}
+	relayed(b, rr, engines...)
+	caughtUp(b, js, s, r)
+	var prompts [][]uint64
+	for _, e := range engines {
+		for _, q := range e.queries {
+			prompts = append(prompts, q.keys)
+		}
+	}
+	for _, side := range []struct {
+		name string
+		p    *kvpipe.Pipeline
+	}{{"relay", rr.Pipeline()}, {"follower", r.p}} {
+		b.Run(side.name, func(b *testing.B) {
+			ctx := context.Background()
+			var dst []kvpipe.Match
+			blocks, i := 0, 0
+			for b.Loop() {
+				var err error
+				if dst, err = side.p.AppendMatchesKeys(ctx, dst[:0], prompts[i%len(prompts)], nil); err != nil {
+					b.Fatal(err)
+				}
+				for _, m := range dst {
+					blocks += m.Blocks
+				}
+				i++
+			}
+			b.ReportMetric(float64(blocks)/float64(i), "matched-blocks/op")
+		})
+	}
 }

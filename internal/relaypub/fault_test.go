@@ -817,10 +817,14 @@ func TestStreamRemadeUnderARunningRouter(t *testing.T) {
 	// Polled: until the new run has read its start, LastApplied is still
 	// the old run's, past the new stream's last, and caughtUp would pass.
 	eventually(t, "the router as the relay and sound", func() error {
-		if err := sameBlocks(rr.Pipeline(), r); err != nil {
-			return err
+		err := sameBlocks(rr.Pipeline(), r)
+		if err == nil {
+			err = sound(r.p, a)
 		}
-		return sound(r.p, a)
+		if err != nil { // what each side did, for a failure seen once in CI (at 87099c3) and not again
+			return fmt.Errorf("%w; router %+v; relay %+v", err, r.f.Stats(), rr.Stats())
+		}
+		return nil
 	})
 }
 
