@@ -2,6 +2,7 @@ package kvpipe
 
 import (
 	"context"
+	"slices"
 	"testing"
 
 	"github.com/kvpipe/kvpipe/codec"
@@ -188,5 +189,46 @@ func TestEagleModeRestoredFromASnapshot(t *testing.T) {
 	})
 	if ws := p2.Stats().Workers[0]; !ws.Actor.Eagle || ws.Actor.Stored != 0 {
 		t.Errorf("restored worker: Eagle %v after %d stores, want EAGLE after none", ws.Actor.Eagle, ws.Actor.Stored)
+	}
+}
+
+// A Source's worker is matched with the keys of the mode its ops last
+// said (FedState.Eagle), and a change of mode is seen by the next match:
+// the read path's cache of which keys to hash is dropped on it.
+func TestSourceWorkerModeFollowsItsOps(t *testing.T) {
+	src := source{ops: make(chan fedOps)}
+	p := startPipeline(t, Config{Source: src})
+	var h index.Hasher
+	toks := prompt(1, 3)
+	plain := h.Prompt(nil, toks, 16)
+	apply := func(st FedState, ops ...index.Op) {
+		t.Helper()
+		if err := src.apply(t, "remote", st, ops...); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Sync(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	match := func(tokens []uint32) Match {
+		t.Helper()
+		ms, err := p.FindMatches(context.Background(), tokens)
+		if err != nil || len(ms) != 1 {
+			t.Fatalf("matches %+v, %v: want the source's worker", ms, err)
+		}
+		return ms[0]
+	}
+	apply(FedState{}, index.Op{Kind: index.OpStore, Hash: plain[0], Link: index.LinkRoot})
+	if m := match(toks); m.Eagle || m.Blocks != 1 {
+		t.Fatalf("plain worker: %+v, want 1 block by plain keys", m)
+	}
+	eagleToks := append(slices.Clone(toks), 9)
+	eagle := h.EaglePrompt(nil, eagleToks, 16)
+	apply(FedState{Eagle: true}, index.Op{Kind: index.OpClearWorker}, index.Op{Kind: index.OpStore, Hash: eagle[0], Link: index.LinkRoot})
+	if m := match(eagleToks); !m.Eagle || m.Blocks != 1 {
+		t.Errorf("after its ops said EAGLE: %+v, want 1 block by EAGLE keys", m)
+	}
+	if w, ok := p.Stats().Worker("remote"); !ok || !w.Actor.Eagle {
+		t.Errorf("stats %+v, want Eagle", w.Actor)
 	}
 }

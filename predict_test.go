@@ -308,7 +308,7 @@ func TestPredictionsOfSourceWorkersStayLocal(t *testing.T) {
 	p := predictingPipeline(t, Config{Source: src, Tap: tap}, c)
 	tokens := prompt(1, 3)
 	keys := keysOf(tokens)
-	if err := src.apply(t, "remote", false, index.Op{Kind: index.OpStore, Hash: 77}); err != nil {
+	if err := src.apply(t, "remote", FedState{}, index.Op{Kind: index.OpStore, Hash: 77}); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.Routed("remote", keys); err != nil {
@@ -317,7 +317,7 @@ func TestPredictionsOfSourceWorkersStayLocal(t *testing.T) {
 	if got := predicted(t, p, tokens); got["remote"] != [2]int{0, 3} {
 		t.Fatalf("source worker predicted: %v, want 3 predicted", got)
 	}
-	if err := src.apply(t, "remote", false, index.Op{Kind: index.OpStore, Hash: keys[0]}); err != nil {
+	if err := src.apply(t, "remote", FedState{}, index.Op{Kind: index.OpStore, Hash: keys[0]}); err != nil {
 		t.Fatal(err)
 	}
 	if got := predicted(t, p, tokens); got["remote"] != [2]int{1, 3} {

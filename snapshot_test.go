@@ -234,10 +234,10 @@ func TestRestoreErrors(t *testing.T) {
 type source struct{ ops chan fedOps }
 
 type fedOps struct {
-	worker  string
-	partial bool
-	ops     []index.Op
-	err     chan error
+	worker string
+	st     FedState
+	ops    []index.Op
+	err    chan error
 }
 
 func (s source) Run(ctx context.Context, f *Feed) error {
@@ -246,15 +246,15 @@ func (s source) Run(ctx context.Context, f *Feed) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case o := <-s.ops:
-			o.err <- f.Apply(ctx, o.worker, FedState{Partial: o.partial}, o.ops)
+			o.err <- f.Apply(ctx, o.worker, o.st, o.ops)
 		}
 	}
 }
 
-func (s source) apply(t *testing.T, worker string, partial bool, ops ...index.Op) error {
+func (s source) apply(t *testing.T, worker string, st FedState, ops ...index.Op) error {
 	t.Helper()
 	errc := make(chan error, 1)
-	s.ops <- fedOps{worker, partial, ops, errc}
+	s.ops <- fedOps{worker, st, ops, errc}
 	select {
 	case err := <-errc:
 		return err
@@ -275,10 +275,10 @@ func TestSourceFeedsTheIndex(t *testing.T) {
 	for _, k := range keys {
 		ops = append(ops, index.Op{Kind: index.OpStore, Hash: k}, index.Op{Kind: index.OpStore, Tier: index.TierHost, Hash: k})
 	}
-	if err := src.apply(t, "remote", false, ops...); err != nil {
+	if err := src.apply(t, "remote", FedState{}, ops...); err != nil {
 		t.Fatal(err)
 	}
-	if err := src.apply(t, "other", true, ops[:2]...); err != nil {
+	if err := src.apply(t, "other", FedState{Partial: true}, ops[:2]...); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.Sync(context.Background()); err != nil {
@@ -313,7 +313,7 @@ func TestSourceFeedsTheIndex(t *testing.T) {
 		t.Error("RemoveWorker took a source worker")
 	}
 	// Removed by its ops, then made again by the ones after.
-	if err := src.apply(t, "remote", false, index.Op{Kind: index.OpRemoveWorker}, ops[0]); err != nil {
+	if err := src.apply(t, "remote", FedState{}, index.Op{Kind: index.OpRemoveWorker}, ops[0]); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.Sync(context.Background()); err != nil {
@@ -347,7 +347,7 @@ func TestSourceWorkerCountsWhatItHolds(t *testing.T) {
 		{"the host tier cleared", []index.Op{{Kind: index.OpClearTier, Tier: index.TierHost}, op(index.OpRemove, index.TierHost, 3)}, 2, 0},
 		{"cleared, then a store", []index.Op{{Kind: index.OpClearWorker}, op(index.OpRemove, 0, 1), op(index.OpStore, 0, 5)}, 1, 0},
 	} {
-		if err := src.apply(t, "late", true, c.ops...); err != nil {
+		if err := src.apply(t, "late", FedState{Partial: true}, c.ops...); err != nil {
 			t.Fatal(err)
 		}
 		if err := p.Sync(context.Background()); err != nil {
@@ -675,8 +675,8 @@ func TestNameBeingRemovedIsNotTaken(t *testing.T) {
 func TestFeedRefusesBadOps(t *testing.T) {
 	src := source{ops: make(chan fedOps)}
 	p := startPipeline(t, Config{Source: src})
-	for _, bad := range []index.Op{{Kind: index.OpStore, Tier: index.NumTiers}, {Kind: index.OpClearTier + 1}} {
-		if err := src.apply(t, "remote", false, index.Op{Kind: index.OpStore, Hash: 1}, bad); err == nil {
+	for _, bad := range []index.Op{{Kind: index.OpStore, Tier: index.NumTiers}, {Kind: index.OpClearTier + 1}, {Kind: index.OpStore, Link: index.LinkChild + 1}} {
+		if err := src.apply(t, "remote", FedState{}, index.Op{Kind: index.OpStore, Hash: 1}, bad); err == nil {
 			t.Errorf("op %+v applied", bad)
 		}
 	}

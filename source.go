@@ -69,15 +69,17 @@ func (f *fedWorker) count(op index.Op) {
 }
 
 // Apply hands ops to worker's shard, in order, waiting while the shard is
-// behind or until ctx ends. st is the worker's state as of them. Ops after an OpRemoveWorker belong to a new worker of
-// that name. An op of an unknown kind or tier fails the call before any of
-// its ops is applied, and so does a name an engine worker has (ErrNameTaken);
+// behind or until ctx ends. st is the worker's state as of them. Ops after
+// an OpRemoveWorker belong to a new worker of that name. The ops' links (index.Op.Link) are trusted as an actor's: a
+// wrong LinkChild makes jump search claim blocks a prompt does not reach.
+// An op of an unknown kind, tier or link fails the call before any of its
+// ops is applied, and so does a name an engine worker has (ErrNameTaken);
 // a call that ctx ends may have applied some. Calls for one worker must not
 // run concurrently.
 func (f *Feed) Apply(ctx context.Context, worker string, st FedState, ops []index.Op) error {
 	for i, op := range ops {
-		if op.Kind > index.OpClearTier || op.Tier >= index.NumTiers {
-			return fmt.Errorf("kvpipe: source worker %q: op %d has kind %d, tier %d: none of its ops applied", worker, i, op.Kind, op.Tier)
+		if op.Kind > index.OpClearTier || op.Tier >= index.NumTiers || op.Link > index.LinkChild {
+			return fmt.Errorf("kvpipe: source worker %q: op %d has kind %d, tier %d, link %d: none of its ops applied", worker, i, op.Kind, op.Tier, op.Link)
 		}
 	}
 	for len(ops) > 0 {

@@ -81,6 +81,12 @@ type mapping struct {
 	usedTiers uint8
 	// sizeWarned: a block size the router cannot split was warned about.
 	sizeWarned bool
+	// rekeyed: a block took another router key since the last clear. Its
+	// children's keys were hashed from the old one, which the mapping no
+	// longer knows, so no parent's key is trusted as a child's link
+	// (linkOf): a wrong LinkChild would let jump search claim blocks a
+	// prompt does not reach.
+	rekeyed bool
 	// An engine block of splitK router blocks (splitK > 1) keeps its last
 	// router key; its first splitK-1 live in a slot of splitKeys, reused
 	// through freeSlots.
@@ -99,6 +105,7 @@ type mapping struct {
 func (m *mapping) clear() {
 	m.routerOf.reset(false)
 	m.usedTiers = 0
+	m.rekeyed = false
 	m.splitK, m.splitKeys, m.freeSlots = 0, m.splitKeys[:0], m.freeSlots[:0]
 	m.sizeWarned = false
 	m.unindex()
@@ -290,6 +297,7 @@ func (m *mapping) put(h uint64, b block, t index.Tier, k int, link index.Link, p
 			}
 		}
 		m.forget(h, old)
+		m.rekeyed = true
 	} else {
 		m.out.room(k)
 	}
@@ -346,7 +354,7 @@ func (m *mapping) hold(h uint64, b block, t index.Tier) bool {
 	m.usedTiers |= bit(t)
 	link, parent := index.LinkNone, uint64(0)
 	if t == index.TierDevice {
-		link, parent = linkOf(&m.routerOf, b)
+		link, parent = m.linkOf(b)
 	}
 	m.emitKeys(index.OpStore, t, b, link, parent)
 	return true
@@ -383,12 +391,12 @@ func chainLink(hasParent bool) index.Link {
 }
 
 // linkOf is the link of b's first router key: its engine parent's last
-// router key, as far as the mapping knows it.
-func linkOf(routerOf *blockTable, b block) (index.Link, uint64) {
+// router key, as far as the mapping knows it, unless a block was rekeyed.
+func (m *mapping) linkOf(b block) (index.Link, uint64) {
 	if !b.hasParent() {
 		return index.LinkRoot, 0
 	}
-	if p, ok := routerOf.get(b.parent); ok { // else forgotten: unknown
+	if p, ok := m.routerOf.get(b.parent); ok && !m.rekeyed { // else forgotten, or perhaps not its key's parent: unknown
 		return index.LinkChild, p.key
 	}
 	return index.LinkNone, 0

@@ -19,6 +19,7 @@ func (a *Actor) Export(w *snapshot.Worker) {
 	w.SplitK = a.m.splitK
 	w.Eagle = a.stats.Eagle.Load()
 	w.UsedTiers = a.m.usedTiers
+	w.Rekeyed = a.m.rekeyed
 	w.GroupIdx, w.GroupMain = w.GroupIdx[:0], w.GroupMain[:0]
 	for g, main := range a.groups.main {
 		w.GroupIdx = append(w.GroupIdx, int64(g))
@@ -62,6 +63,7 @@ func (a *Actor) Import(w *snapshot.Worker) {
 	a.fresh = false // the stream goes on from the snapshot's seq
 	a.m.fullSeen = w.FullSeen
 	a.m.usedTiers = w.UsedTiers & (1<<index.NumTiers - 1)
+	a.m.rekeyed = w.Rekeyed
 	clear(a.groups.main)
 	for i, g := range w.GroupIdx {
 		a.groups.main[int(g)] = w.GroupMain[i]

@@ -302,17 +302,17 @@ func (s *Snapshot) Blocks() int {
 // AppendOps appends the ops that rebuild w's index entries to dst: for each
 // block in order, for each tier it is held in (ascending), an OpStore of
 // each of its router keys, first to last (its split keys, then Keys[i]).
-// Each store says its link as the actor's would (index.Op.Link): a block
-// without a parent is a root, one whose parent w holds is its parent's
-// last key's child, one whose parent w lacks is of unknown link; a split
-// block's keys after its first are each chained from the one before. A
-// block held in no tier emits nothing. w is expected to pass Check; one
-// that does not yields an unspecified subset of its ops, never a panic. A
-// worker with parents costs a map of its blocks' keys.
+// Device stores say their links as the actor's would (index.Op.Link): a
+// block without a parent is a root; one whose parent w holds is its
+// parent's last key's child, unless w is Rekeyed; any other is of unknown
+// link; a split block's keys after its first are each chained from the one
+// before. A block held in no tier emits nothing. w is expected to pass
+// Check; one that does not yields an unspecified subset of its ops, never
+// a panic. Linking costs a map of w's blocks' keys.
 func (w *Worker) AppendOps(dst []index.Op) []index.Op {
 	n := min(len(w.Hashes), len(w.Keys), len(w.Flags), len(w.Parents))
 	var keyOf map[uint64]uint64 // engine hash -> its last router key
-	if slices.ContainsFunc(w.Flags[:n], func(f uint8) bool { return f&FlagParent != 0 }) {
+	if !w.Rekeyed && slices.ContainsFunc(w.Flags[:n], func(f uint8) bool { return f&FlagParent != 0 && f&(1<<TierShift) != 0 }) {
 		keyOf = make(map[uint64]uint64, n)
 		for j, h := range w.Hashes[:n] {
 			keyOf[h] = w.Keys[j] // a repeated hash: the last one wins, as in actor.Import
@@ -325,28 +325,36 @@ func (w *Worker) AppendOps(dst []index.Op) []index.Op {
 			k := min(w.SplitK-1, len(split))
 			pre, split = split[:k], split[k:]
 		}
-		first, parent := index.LinkRoot, uint64(0)
-		if f&FlagParent != 0 {
-			var ok bool
-			if parent, ok = keyOf[w.Parents[i]]; ok {
-				first = index.LinkChild
-			} else {
-				first = index.LinkNone
-			}
-		}
 		for t := range index.Tier(index.NumTiers) {
 			if f&(1<<(TierShift+t)) == 0 {
 				continue
 			}
-			link, p := first, parent
-			for _, h := range pre {
-				dst = append(dst, index.Op{Kind: index.OpStore, Tier: t, Hash: h, Link: link, Parent: p})
-				link, p = index.LinkChild, h
+			link, parent := index.LinkNone, uint64(0) // off device: the index reads no links there
+			if t == index.TierDevice {
+				link, parent = w.linkOf(i, keyOf)
 			}
-			dst = append(dst, index.Op{Kind: index.OpStore, Tier: t, Hash: w.Keys[i], Link: link, Parent: p})
+			for _, h := range pre {
+				dst = append(dst, index.Op{Kind: index.OpStore, Tier: t, Hash: h, Link: link, Parent: parent})
+				if t == index.TierDevice {
+					link, parent = index.LinkChild, h
+				}
+			}
+			dst = append(dst, index.Op{Kind: index.OpStore, Tier: t, Hash: w.Keys[i], Link: link, Parent: parent})
 		}
 	}
 	return dst
+}
+
+// linkOf is the link of block i's first router key, keyOf mapping w's
+// engine hashes to their last router keys (nil for a Rekeyed w).
+func (w *Worker) linkOf(i int, keyOf map[uint64]uint64) (index.Link, uint64) {
+	if w.Flags[i]&FlagParent == 0 {
+		return index.LinkRoot, 0
+	}
+	if k, ok := keyOf[w.Parents[i]]; ok {
+		return index.LinkChild, k
+	}
+	return index.LinkNone, 0
 }
 
 // OpCount is the number of ops AppendOps appends for w (if it passes

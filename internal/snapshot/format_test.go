@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"runtime"
 	"slices"
@@ -263,9 +264,9 @@ func TestDecodeBodyErrors(t *testing.T) {
 		sentinel error
 		what     []string
 	}{
-		{"version 4", msgp.AppendInt(msgp.AppendString(msgp.AppendMapHeader(nil, 1), "version"), 4), ErrVersion, []string{"version 4"}},
+		{"a newer version", msgp.AppendInt(msgp.AppendString(msgp.AppendMapHeader(nil, 1), "version"), Version+1), ErrVersion, []string{fmt.Sprintf("version %d", Version+1)}},
 		// A newer version is refused as one even if its body changed shape.
-		{"version 4 then unknown layout", append(msgp.AppendInt(msgp.AppendString(msgp.AppendMapHeader(nil, 2), "version"), 4), 0xc1), ErrVersion, []string{"version 4"}},
+		{"a newer version then an unknown layout", append(msgp.AppendInt(msgp.AppendString(msgp.AppendMapHeader(nil, 2), "version"), Version+1), 0xc1), ErrVersion, []string{fmt.Sprintf("version %d", Version+1)}},
 		{"no version", msgp.AppendMapHeader(nil, 0), ErrVersion, []string{"version 0"}},
 		{"version a string", msgp.AppendString(msgp.AppendString(msgp.AppendMapHeader(nil, 1), "version"), "1"), ErrCorrupt, []string{"version"}},
 		{"workers a string", msgp.AppendString(msgp.AppendString(header(2), "workers"), "w"), ErrCorrupt, []string{"workers"}},
@@ -347,7 +348,7 @@ func TestCheck(t *testing.T) {
 		sentinel error
 		what     []string
 	}{
-		{"version 4", func(s *Snapshot) { s.Version = 4 }, ErrVersion, []string{"version 4, this build reads 1 to 3"}},
+		{"a newer version", func(s *Snapshot) { s.Version = Version + 1 }, ErrVersion, []string{fmt.Sprintf("version %d, this build reads 1 to %d", Version+1, Version)}},
 		{"version 0", func(s *Snapshot) { s.Version = 0 }, ErrVersion, []string{"version 0"}},
 		{"block size 0", func(s *Snapshot) { s.BlockSize = 0 }, ErrCorrupt, []string{"block size 0"}},
 		{"block size negative", func(s *Snapshot) { s.BlockSize = -16 }, ErrCorrupt, []string{"block size -16"}},
@@ -416,20 +417,24 @@ func TestAppendOps(t *testing.T) {
 		{"no blocks", Worker{}, nil, nil},
 		{"device", Worker{Keys: []uint64{10, 20}, Flags: []uint8{in(dev), in(dev)}}, nil,
 			[]index.Op{root(dev, 10), root(dev, 20)}},
-		{"each tier", Worker{Keys: []uint64{1, 2, 3, 4}, Flags: []uint8{in(remote), in(disk), in(host), in(dev)}}, nil,
-			[]index.Op{root(remote, 1), root(disk, 2), root(host, 3), root(dev, 4)}},
+		{"each tier, links on device only", Worker{Keys: []uint64{1, 2, 3, 4}, Flags: []uint8{in(remote), in(disk), in(host), in(dev)}}, nil,
+			[]index.Op{orphan(remote, 1), orphan(disk, 2), orphan(host, 3), root(dev, 4)}},
 		{"tiers ascending, a parent it lacks", Worker{Keys: []uint64{7}, Flags: []uint8{FlagParent | in(remote, dev, disk, host)}}, []uint64{5},
 			[]index.Op{orphan(dev, 7), orphan(host, 7), orphan(disk, 7), orphan(remote, 7)}},
+		{"a parent it holds, in every tier", Worker{Keys: []uint64{1, 2}, Flags: []uint8{in(dev), FlagParent | in(dev, host)}}, []uint64{0, 1000},
+			[]index.Op{root(dev, 1), child(dev, 2, 1), orphan(host, 2)}},
+		{"rekeyed: no child link", Worker{Rekeyed: true, Keys: []uint64{1, 2}, Flags: []uint8{in(dev), FlagParent | in(dev)}}, []uint64{0, 1000},
+			[]index.Op{root(dev, 1), orphan(dev, 2)}},
 		{"a parent in no tier still links", Worker{Keys: []uint64{1, 2, 3}, Flags: []uint8{in(host), FlagParent, FlagParent | in(dev)}}, []uint64{0, 1000, 1001},
-			[]index.Op{root(host, 1), child(dev, 3, 2)}},
+			[]index.Op{orphan(host, 1), child(dev, 3, 2)}},
 		{"a parent after its child", Worker{Keys: []uint64{1, 2}, Flags: []uint8{FlagParent | in(dev), in(dev)}}, []uint64{1001, 0},
 			[]index.Op{child(dev, 1, 2), root(dev, 2)}},
 		{"split", Worker{SplitK: 3, Keys: []uint64{9, 19}, Split: []uint64{17, 18}, Flags: []uint8{in(dev), FlagSplit | FlagParent | in(dev, disk)}}, []uint64{0, 1000},
-			[]index.Op{root(dev, 9), child(dev, 17, 9), child(dev, 18, 17), child(dev, 19, 18), child(disk, 17, 9), child(disk, 18, 17), child(disk, 19, 18)}},
+			[]index.Op{root(dev, 9), child(dev, 17, 9), child(dev, 18, 17), child(dev, 19, 18), orphan(disk, 17), orphan(disk, 18), orphan(disk, 19)}},
 		{"split in no tier still takes its keys", Worker{
 			SplitK: 2, Keys: []uint64{100, 200, 300}, Split: []uint64{91, 92, 93},
 			Flags: []uint8{FlagSplit, FlagSplit | in(host), FlagSplit | FlagParent | in(dev)},
-		}, []uint64{0, 0, 1000}, []index.Op{root(host, 92), child(host, 200, 92), child(dev, 93, 100), child(dev, 300, 93)}},
+		}, []uint64{0, 0, 1000}, []index.Op{orphan(host, 92), orphan(host, 200), child(dev, 93, 100), child(dev, 300, 93)}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -128,7 +128,7 @@ func same(a, b *Snapshot) bool {
 		x, y := &a.Workers[i], &b.Workers[i]
 		if !bytes.Equal(x.Name, y.Name) || x.HasSeq != y.HasSeq || x.Seq != y.Seq || x.Fingerprint != y.Fingerprint ||
 			x.Absent != y.Absent || x.StreamSeq != y.StreamSeq || x.Partial != y.Partial || x.FullSeen != y.FullSeen ||
-			x.SplitK != y.SplitK || x.Eagle != y.Eagle || x.UsedTiers != y.UsedTiers ||
+			x.SplitK != y.SplitK || x.Eagle != y.Eagle || x.UsedTiers != y.UsedTiers || x.Rekeyed != y.Rekeyed ||
 			!slices.Equal(x.GroupIdx, y.GroupIdx) || !slices.Equal(x.GroupMain, y.GroupMain) ||
 			!slices.Equal(x.Hashes, y.Hashes) || !slices.Equal(x.Keys, y.Keys) || !slices.Equal(x.Parents, y.Parents) ||
 			!slices.Equal(x.Flags, y.Flags) || !slices.Equal(x.Split, y.Split) {

@@ -16,17 +16,23 @@ package snapshot
 //   - 3: a worker may be Eagle (its keys are EAGLE windows'). A build that
 //     reads up to version 2 would match it with plain keys, so a snapshot
 //     with an EAGLE worker is version 3.
-const Version = 3
+//   - 4: a worker may be Rekeyed. A build that reads up to version 3 would
+//     link its blocks to their parents' keys, which some of them were not
+//     hashed from, so a snapshot with a rekeyed worker is version 4.
+const Version = 4
 
 // minVersion is the oldest version whose readers understand s.
 func (s *Snapshot) minVersion() int {
 	v := 1
 	for i := range s.Workers {
+		w := &s.Workers[i]
 		switch {
-		case s.Workers[i].Eagle:
-			return 3
-		case s.Workers[i].Absent:
-			v = 2
+		case w.Rekeyed:
+			return 4
+		case w.Eagle:
+			v = 3
+		case w.Absent:
+			v = max(v, 2)
 		}
 	}
 	return v
@@ -85,6 +91,10 @@ type Worker struct {
 	// UsedTiers: bit t is set if the worker stored blocks in tier t since
 	// its entries were last cleared whole.
 	UsedTiers uint8 `msg:"used_tiers"`
+	// Rekeyed: a block took another router key since the worker's last
+	// clear, so that its children's keys may not be hashed from their
+	// parents' keys here: their stores link to none (index.Op.Link).
+	Rekeyed bool `msg:"rekeyed"`
 	// GroupIdx[i] was learned to be a main attention group iff GroupMain[i].
 	GroupIdx  []int64 `msg:"group_idx"`
 	GroupMain []bool  `msg:"group_main"`

@@ -120,9 +120,9 @@ func (z *Snapshot) Msgsize() (s int) {
 // MarshalMsg implements msgp.Marshaler
 func (z *Worker) MarshalMsg(b []byte) (o []byte, err error) {
 	o = msgp.Require(b, z.Msgsize())
-	// map header, size 18
+	// map header, size 19
 	// string "name"
-	o = append(o, 0xde, 0x0, 0x12, 0xa4, 0x6e, 0x61, 0x6d, 0x65)
+	o = append(o, 0xde, 0x0, 0x13, 0xa4, 0x6e, 0x61, 0x6d, 0x65)
 	o = msgp.AppendBytes(o, z.Name)
 	// string "absent"
 	o = append(o, 0xa6, 0x61, 0x62, 0x73, 0x65, 0x6e, 0x74)
@@ -154,6 +154,9 @@ func (z *Worker) MarshalMsg(b []byte) (o []byte, err error) {
 	// string "used_tiers"
 	o = append(o, 0xaa, 0x75, 0x73, 0x65, 0x64, 0x5f, 0x74, 0x69, 0x65, 0x72, 0x73)
 	o = msgp.AppendUint8(o, z.UsedTiers)
+	// string "rekeyed"
+	o = append(o, 0xa7, 0x72, 0x65, 0x6b, 0x65, 0x79, 0x65, 0x64)
+	o = msgp.AppendBool(o, z.Rekeyed)
 	// string "group_idx"
 	o = append(o, 0xa9, 0x67, 0x72, 0x6f, 0x75, 0x70, 0x5f, 0x69, 0x64, 0x78)
 	o = msgp.AppendArrayHeader(o, uint32(len(z.GroupIdx)))
@@ -278,6 +281,12 @@ func (z *Worker) UnmarshalMsg(bts []byte) (o []byte, err error) {
 			z.UsedTiers, bts, err = msgp.ReadUint8Bytes(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "UsedTiers")
+				return
+			}
+		case "rekeyed":
+			z.Rekeyed, bts, err = msgp.ReadBoolBytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "Rekeyed")
 				return
 			}
 		case "group_idx":
@@ -414,6 +423,6 @@ func (z *Worker) UnmarshalMsg(bts []byte) (o []byte, err error) {
 
 // Msgsize returns an upper bound estimate of the number of bytes occupied by the serialized message
 func (z *Worker) Msgsize() (s int) {
-	s = 3 + 5 + msgp.BytesPrefixSize + len(z.Name) + 7 + msgp.BoolSize + 8 + msgp.BoolSize + 4 + msgp.Uint64Size + 12 + msgp.Uint64Size + 11 + msgp.Uint64Size + 8 + msgp.BoolSize + 10 + msgp.BoolSize + 8 + msgp.IntSize + 6 + msgp.BoolSize + 11 + msgp.Uint8Size + 10 + msgp.ArrayHeaderSize + (len(z.GroupIdx) * (msgp.Int64Size)) + 11 + msgp.ArrayHeaderSize + (len(z.GroupMain) * (msgp.BoolSize)) + 7 + msgp.ArrayHeaderSize + (len(z.Hashes) * (msgp.Uint64Size)) + 5 + msgp.ArrayHeaderSize + (len(z.Keys) * (msgp.Uint64Size)) + 8 + msgp.ArrayHeaderSize + (len(z.Parents) * (msgp.Uint64Size)) + 6 + msgp.BytesPrefixSize + len(z.Flags) + 6 + msgp.ArrayHeaderSize + (len(z.Split) * (msgp.Uint64Size))
+	s = 3 + 5 + msgp.BytesPrefixSize + len(z.Name) + 7 + msgp.BoolSize + 8 + msgp.BoolSize + 4 + msgp.Uint64Size + 12 + msgp.Uint64Size + 11 + msgp.Uint64Size + 8 + msgp.BoolSize + 10 + msgp.BoolSize + 8 + msgp.IntSize + 6 + msgp.BoolSize + 11 + msgp.Uint8Size + 8 + msgp.BoolSize + 10 + msgp.ArrayHeaderSize + (len(z.GroupIdx) * (msgp.Int64Size)) + 11 + msgp.ArrayHeaderSize + (len(z.GroupMain) * (msgp.BoolSize)) + 7 + msgp.ArrayHeaderSize + (len(z.Hashes) * (msgp.Uint64Size)) + 5 + msgp.ArrayHeaderSize + (len(z.Keys) * (msgp.Uint64Size)) + 8 + msgp.ArrayHeaderSize + (len(z.Parents) * (msgp.Uint64Size)) + 6 + msgp.BytesPrefixSize + len(z.Flags) + 6 + msgp.ArrayHeaderSize + (len(z.Split) * (msgp.Uint64Size))
 	return
 }

@@ -43,7 +43,8 @@ func bodyVersion(t *testing.T, frame []byte) int64 {
 // build that reads version 1 alone loads one without absent workers, and
 // refuses one with (it would take an absent worker for one with no blocks);
 // one that reads up to 2 refuses one with an EAGLE worker (it would match
-// it with plain keys).
+// it with plain keys); one that reads up to 3 refuses one with a rekeyed
+// worker (it would trust its links).
 func TestAppendWritesTheOldestVersionThatSaysIt(t *testing.T) {
 	withAbsent := sample()
 	without := sample()
@@ -56,6 +57,9 @@ func TestAppendWritesTheOldestVersionThatSaysIt(t *testing.T) {
 	withEagle.Workers[1].Eagle = true
 	withBoth := sample()
 	withBoth.Workers[0].Eagle = true
+	withRekeyed := sample()
+	withRekeyed.Workers[2].Rekeyed = true
+	withRekeyed.Workers[0].Eagle = true
 	for _, tc := range []struct {
 		name string
 		s    *Snapshot
@@ -65,6 +69,7 @@ func TestAppendWritesTheOldestVersionThatSaysIt(t *testing.T) {
 		{"an absent worker", withAbsent, 2},
 		{"an EAGLE worker", withEagle, 3},
 		{"an EAGLE worker and an absent one", withBoth, 3},
+		{"a rekeyed worker after an EAGLE one", withRekeyed, 4},
 		{"a caller's newer version", &Snapshot{Version: Version + 5, BlockSize: 16}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
