@@ -65,7 +65,8 @@ func (h Header) flags() byte {
 var errMessage = errors.New("relay: bad message")
 
 // AppendMessage appends the message of ops to dst. It allocates nothing
-// when dst has room for 2+17·len(ops) bytes. An op of an unknown kind or
+// when dst has room for 2+17·len(ops) bytes. An op's Parent is carried
+// with LinkChild only (the index reads it nowhere else). An op of an unknown kind or
 // link, or of a tier from index.NumTiers on, cannot be carried: the error
 // names it.
 func AppendMessage(dst []byte, h Header, ops []index.Op) ([]byte, error) {

@@ -10,6 +10,7 @@ import (
 	"github.com/kvpipe/kvpipe/codec"
 	"github.com/kvpipe/kvpipe/index"
 	"github.com/kvpipe/kvpipe/internal/opstream"
+	"github.com/kvpipe/kvpipe/internal/sim"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -109,5 +110,42 @@ func TestStreamCarriesLinks(t *testing.T) {
 		if op != want {
 			t.Errorf("op %d: %+v, want %+v", i, op, want)
 		}
+	}
+}
+
+// Engines without a host tier, so that both sides answer by jump search
+// (a shard with lower-tier blocks reads key by key): a router following
+// the stream, and one started later from the relay's snapshot (its stores
+// linked by snapshot.Worker.AppendOps), answer every served prompt as the
+// engines hold it, and hold what the relay holds.
+func TestFollowersJumpExactly(t *testing.T) {
+	t.Parallel()
+	_, js := startServer(t)
+	s := testSettings()
+	a, b := newEngine(t, "a"), newEngine(t, "b")
+	for _, e := range []*engine{a, b} {
+		e.sim = sim.NewEngine(bs, 200) // evicting, on device only
+	}
+	reqs := trace(600, 17)
+	rr := startRelay(t, js, relayConfig(s), a, b)
+	r := startRouter(t, js, s)
+	a.serve(reqs[:300])
+	b.serve(reqs[300:])
+	relayed(t, rr, a, b)
+	rr.snapshotNow(t)
+	a.serve(reqs[100:200])
+	relayed(t, rr, a, b)
+	late := startRouter(t, js, s)
+	caughtUp(t, js, s, r, late)
+	if late.f.Stats().SnapshotsLoaded == 0 {
+		t.Errorf("late router %+v: want it started from the snapshot", late.f.Stats())
+	}
+	for i, rt := range []*router{r, late} {
+		if err := exact(rt.p, a, b); err != nil {
+			t.Errorf("router %d: %v", i, err)
+		}
+	}
+	if err := sameBlocks(rr.Pipeline(), r, late); err != nil {
+		t.Error(err)
 	}
 }
