@@ -67,3 +67,36 @@ func drain(c chan time.Time) {
 		}
 	}
 }
+
+// While its engine is gone, the handler is still asked before each
+// reconnect attempt to hand on held work and give back spare memory: an
+// actor's batches left from a flood go back to the heap, and an owed
+// clear reaches the shard, also while the engine stays away.
+func TestHandlerIdledWhileDisconnected(t *testing.T) {
+	ep := freeTCP(t)
+	pub := newPublisher(t, wiretest.PublisherConfig{Endpoint: ep})
+	s, err := NewSubscriber(Config{Endpoint: ep, Options: Options{TailCheck: -1, ReconnectMin: 20 * time.Millisecond, ReconnectMax: 100 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := holding{recorder: newRecorder(), idles: make(chan time.Time, 1)}
+	runHandler(t, s, h)
+	syncUp(t, pub, h.recorder)
+	pub.Close()
+	for deadline := time.Now().Add(10 * time.Second); s.Stats().Connected; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("still connected 10 s after the engine closed")
+		}
+	}
+	drain(h.idles)
+	for i := range 3 {
+		select {
+		case <-h.idles:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("idle %d: none while disconnected (%+v)", i, s.Stats())
+		}
+	}
+	if s.Stats().Connected {
+		t.Error("connected again with no engine")
+	}
+}

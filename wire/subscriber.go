@@ -144,7 +144,7 @@ type Handler interface {
 	// that keeps spare memory may give it back. It reports whether some
 	// work is still held or memory still to give back; it is then called
 	// again after a short wait, backing off to a second, while the
-	// connection lasts.
+	// connection lasts, and before each reconnect attempt while it is down.
 	HandleIdle() (held bool)
 }
 
@@ -380,6 +380,7 @@ func (s *Subscriber) Run(ctx context.Context, h Handler) error {
 				return ctx.Err()
 			}
 			s.warn.Warn("dial failed", "endpoint", s.cfg.Endpoint, "err", err)
+			h.HandleIdle() // down for a while, perhaps: what it holds goes on, or back
 			if !s.sleep(ctx, backoff.Next()) {
 				return ctx.Err()
 			}
@@ -398,6 +399,7 @@ func (s *Subscriber) Run(ctx context.Context, h Handler) error {
 		if s.stats.Batches.Load() != before {
 			backoff.Reset() // it worked for a while; a peer that only breaks keeps backing off
 		}
+		h.HandleIdle()
 		if !s.sleep(ctx, backoff.Next()) {
 			return ctx.Err()
 		}
