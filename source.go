@@ -70,8 +70,9 @@ func (f *fedWorker) count(op index.Op) {
 
 // Apply hands ops to worker's shard, in order, waiting while the shard is
 // behind or until ctx ends. st is the worker's state as of them. Ops after
-// an OpRemoveWorker belong to a new worker of that name. The ops' links (index.Op.Link) are trusted as an actor's: a
-// wrong LinkChild makes jump search claim blocks a prompt does not reach.
+// an OpRemoveWorker belong to a new worker of that name. The ops' links
+// (index.Op.Link) are trusted as an actor's: a wrong LinkChild makes jump
+// search claim blocks a prompt does not reach.
 // An op of an unknown kind, tier or link fails the call before any of its
 // ops is applied, and so does a name an engine worker has (ErrNameTaken);
 // a call that ctx ends may have applied some. Calls for one worker must not
