@@ -697,11 +697,10 @@ func (ru *run) snapshot(ctx context.Context) error {
 	r := ru.r
 	info, err := ru.stream.Info(ctx)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		// Make it again, so that the workers' publishes go through; the
-		// next run starts from the snapshot with this stream's sequences.
-		if _, _, eerr := opstream.Ensure(ctx, r.js, r.set); eerr != nil {
-			r.log.Warn("kvpipe/relay: the stream is gone and cannot be made again", "err", eerr)
-		}
+		// Not made again here: this run's pipeline, finishing, would send
+		// its last ops into the new stream, and the next run's replay from
+		// the snapshot sends them again (a router counted their stores
+		// twice). The next run makes it (setUp).
 		return ErrStreamChanged
 	}
 	if err != nil {
