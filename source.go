@@ -109,7 +109,8 @@ func (f *Feed) send(ctx context.Context, w *worker, st FedState, ops []index.Op)
 			break
 		}
 	}
-	if w.fed.eagle.Swap(st.Eagle) != st.Eagle {
+	if w.fed.eagle.Load() != st.Eagle { // the Source's goroutine alone writes it: no write per call
+		w.fed.eagle.Store(st.Eagle)
 		f.p.read.eagleChanged()
 	}
 	queue := f.p.read.shards.Load().Queue(w.id)

@@ -182,8 +182,7 @@ func BenchmarkFollowerMatches(b *testing.B) {
 	s.MaxBytes = 256 << 20
 	engines := make([]*engine, 4)
 	for i := range engines {
-		engines[i] = newEngine(b, fmt.Sprintf("e%d", i))
-		engines[i].sim = sim.NewEngine(bs, 4000) // no host tier: a tiered index reads key by key
+		engines[i] = newEngineOf(b, fmt.Sprintf("e%d", i), sim.NewEngine(bs, 4000)) // no host tier: a tiered index reads key by key
 	}
 	rr := startRelay(b, js, relayConfig(s), engines...)
 	r := startRouter(b, js, s)

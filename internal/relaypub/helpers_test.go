@@ -55,7 +55,13 @@ type query struct {
 
 func newEngine(t testing.TB, name string) *engine {
 	t.Helper()
-	e := &engine{name: name, sim: sim.NewEngine(bs, 120, sim.WithCPUOffload(160)), ep: ztest.FreeTCP(t), replay: ztest.FreeTCP(t)}
+	return newEngineOf(t, name, sim.NewEngine(bs, 120, sim.WithCPUOffload(160)))
+}
+
+// newEngineOf is newEngine on the simulated cache c, of any size and tiers.
+func newEngineOf(t testing.TB, name string, c *sim.Engine) *engine {
+	t.Helper()
+	e := &engine{name: name, sim: c, ep: ztest.FreeTCP(t), replay: ztest.FreeTCP(t)}
 	pub, err := wiretest.NewPublisher(wiretest.PublisherConfig{Endpoint: e.ep, ReplayEndpoint: e.replay})
 	if err != nil {
 		t.Fatal(err)

@@ -122,10 +122,7 @@ func TestFollowersJumpExactly(t *testing.T) {
 	t.Parallel()
 	_, js := startServer(t)
 	s := testSettings()
-	a, b := newEngine(t, "a"), newEngine(t, "b")
-	for _, e := range []*engine{a, b} {
-		e.sim = sim.NewEngine(bs, 200) // evicting, on device only
-	}
+	a, b := newEngineOf(t, "a", sim.NewEngine(bs, 200)), newEngineOf(t, "b", sim.NewEngine(bs, 200)) // evicting, on device only
 	reqs := trace(600, 17)
 	rr := startRelay(t, js, relayConfig(s), a, b)
 	r := startRouter(t, js, s)
