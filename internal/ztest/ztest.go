@@ -19,14 +19,25 @@ import (
 // connection's before its peer binds it, and stay taken for that
 // connection's life. (Peers that bind still retry on new ports:
 // enginepeer.StartBound.)
+//
+// The port is also claimed for the test's life (claimPort): `go test ./...`
+// runs packages' test processes at once, and two of them used to pick the
+// same free port before either bound it ("address already in use").
 func FreeTCP(t testing.TB) string {
 	t.Helper()
 	for range 1000 {
-		addr := fmt.Sprintf("127.0.0.1:%d", lowPorts+rand.IntN(numLowPorts))
+		port := lowPorts + rand.IntN(numLowPorts)
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		release, ok := claimPort(port)
+		if !ok {
+			continue // another test, in this process or another, has it
+		}
 		if l, err := net.Listen("tcp", addr); err == nil {
 			l.Close()
+			t.Cleanup(release)
 			return "tcp://" + addr
 		}
+		release()
 	}
 	t.Fatal("no free port below the ephemeral range")
 	return ""
