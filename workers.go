@@ -243,6 +243,14 @@ func (w *worker) prepare(ctx context.Context, cfg *Config, shard chan<- *index.B
 	case from != nil && from.HasSeq: // never an absent one (snapshot.Worker.Absent)
 		a.Import(from)
 		w.tap.streamSeq = from.StreamSeq
+		if cfg.Tap != nil && from.StreamSeq == 0 {
+			// The Tap holds nothing of it (a relay's stream made again
+			// since the snapshot, or a router's snapshot): it gets the
+			// worker's whole state, a clear first, before any op made
+			// from here on; else those ops, applied to nothing, would
+			// leave its followers without the restored blocks.
+			w.tap.republish(new(snapshot.Worker))
+		}
 		w.sub.Resume(from.Seq, from.Fingerprint)
 	case cfg.Tap != nil:
 		// What the stream held of it is not this worker's: the Tap's first
