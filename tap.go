@@ -58,7 +58,9 @@ func (t *tapped) republish(scratch *snapshot.Worker) {
 	ops[0] = index.Op{Kind: index.OpClearWorker}
 	for ops := scratch.AppendOps(ops); len(ops) > 0; {
 		n := min(len(ops), republishPart)
-		o := seam.Origin{Whole: true, Partial: scratch.Partial || n < len(ops), Eagle: scratch.Eagle}
+		// The actor's Partial, not the export's: a restored state not yet
+		// proven is exported as the snapshot says, but kept out of answers.
+		o := seam.Origin{Whole: true, Partial: t.a.Partial() || n < len(ops), Eagle: scratch.Eagle}
 		t.streamSeq = t.tap.Ops(t.ctx, t.name, ops[:n], o)
 		ops = ops[n:]
 	}

@@ -442,6 +442,50 @@ func TestStreamRemadeBetweenSnapshots(t *testing.T) {
 	}
 }
 
+// The whole state a relay publishes into a new stream is its snapshot's,
+// which it keeps out of its own answers until its engine proves it: the
+// router keeps the worker partial as long (it was told exact, with a dead
+// engine's blocks, when the whole state carried the snapshot's flag), and
+// is exact once the engine is back.
+func TestRestoredIntoANewStreamPartialUntilProven(t *testing.T) {
+	t.Parallel()
+	_, js := startServer(t)
+	s := testSettings()
+	a := newEngine(t, "a")
+	reqs := trace(400, 6)
+	rr := startRelay(t, js, relayConfig(s), a)
+	a.serve(reqs[:200])
+	relayed(t, rr, a)
+	rr.stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := js.DeleteStream(ctx, s.Stream); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := opstream.Ensure(ctx, js, opstream.Settings(s)); err != nil {
+		t.Fatal(err)
+	}
+	a.pub.Close() // the engine is down: the snapshot stays unproven
+	r := startRouter(t, js, s)
+	rr2 := startRelay(t, js, relayConfig(s), a)
+	eventually(t, "the router holding the restored blocks, partial", func() error {
+		if w, ok := r.p.Stats().Worker("a"); !ok || !w.Actor.Partial || !holdsSome(r.p, a) {
+			return fmt.Errorf("router's worker a: %+v", w.Actor)
+		}
+		return nil
+	})
+	a.restart(t) // back, another incarnation: the proof fails, the worker resyncs
+	a.serve(reqs[200:260])
+	relayed(t, rr2, a)
+	caughtUp(t, js, s, r)
+	if err := exact(r.p, a); err != nil {
+		t.Error(err)
+	}
+	if err := sameBlocks(rr2.Pipeline(), r); err != nil {
+		t.Error(err)
+	}
+}
+
 // A snapshot whose next messages the stream no longer holds is refused,
 // saying so; the router starts from the stream's first message with the
 // workers partial, and keeps no key the engines dropped.

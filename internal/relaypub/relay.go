@@ -610,7 +610,9 @@ func (ru *run) placeRestored(ctx context.Context, workers []snapshot.Worker, sam
 		}
 		ps.last.Store(w.StreamSeq)
 		ps.lineage = ru.lineageAt(ctx, ps, w.StreamSeq)
-		if sameStream {
+		if sameStream && w.StreamSeq != 0 {
+			// (At 0 the worker publishes its whole state first: nothing
+			// the stream holds of it is made again.)
 			var err error
 			if ps.expect, err = ru.after(ctx, ps.subject, w.StreamSeq); err != nil {
 				return err
