@@ -352,10 +352,7 @@ func (m *mapping) hold(h uint64, b block, t index.Tier) bool {
 	b.gen, b.tiers = m.gen, held|bit(t)
 	m.routerOf.set(h, b)
 	m.usedTiers |= bit(t)
-	link, parent := index.LinkNone, uint64(0)
-	if t == index.TierDevice {
-		link, parent = m.linkOf(b)
-	}
+	link, parent := m.linkOf(b) // in every tier: see index.writer on levels
 	m.emitKeys(index.OpStore, t, b, link, parent)
 	return true
 }

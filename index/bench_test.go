@@ -34,7 +34,7 @@ func mooncake(b *testing.B, limit, hostCap int) (steps []Batch, prompts [][]uint
 
 // mooncakeAll is mooncake, also returning the last recent prompts' tokens
 // and how many (block, worker) memberships the engines hold at the end.
-// Device stores carry their links, as the actor's do.
+// Stores carry their links, as the actor's do, in every tier.
 func mooncakeAll(b *testing.B, limit, hostCap int) (steps []Batch, prompts [][]uint64, tokens [][]uint32, live int) {
 	if testing.Short() && limit <= 0 {
 		limit = sim.ShortTraceRequests
@@ -46,6 +46,7 @@ func mooncakeAll(b *testing.B, limit, hostCap int) (steps []Batch, prompts [][]u
 	b.Logf("trace: %s, %d requests", source, len(reqs))
 	var engines [benchWorkers]*sim.Engine
 	var routerOf [benchWorkers]map[uint64]uint64
+	var linkOf [benchWorkers]map[uint64]Op // router key -> its device store, for its link
 	for w := range engines {
 		if hostCap > 0 {
 			engines[w] = sim.NewEngine(16, 40_000, sim.WithCPUOffload(hostCap))
@@ -53,6 +54,7 @@ func mooncakeAll(b *testing.B, limit, hostCap int) (steps []Batch, prompts [][]u
 			engines[w] = sim.NewEngine(16, 40_000)
 		}
 		routerOf[w] = map[uint64]uint64{}
+		linkOf[w] = map[uint64]Op{}
 	}
 	var h Hasher
 	var evs []codec.Event
@@ -74,9 +76,10 @@ func mooncakeAll(b *testing.B, limit, hostCap int) (steps []Batch, prompts [][]u
 				// router keys from the device's stores, kept while
 				// offloading for this.
 				for _, ext := range e.BlockHashes {
-					k := Op{Kind: OpStore, Tier: TierHost, Hash: routerOf[w][ext]}
+					k := linkOf[w][routerOf[w][ext]]
+					k.Tier = TierHost
 					if e.Type == codec.BlockRemoved {
-						k.Kind = OpRemove
+						k = Op{Kind: OpRemove, Tier: TierHost, Hash: k.Hash}
 					}
 					step.Ops = append(step.Ops, k)
 				}
@@ -89,6 +92,9 @@ func mooncakeAll(b *testing.B, limit, hostCap int) (steps []Batch, prompts [][]u
 					op := Op{Kind: OpStore, Link: LinkRoot, Hash: keys[hit+j]}
 					if hit+j > 0 {
 						op.Link, op.Parent = LinkChild, keys[hit+j-1]
+					}
+					if hostCap > 0 {
+						linkOf[w][op.Hash] = op
 					}
 					step.Ops = append(step.Ops, op)
 				}

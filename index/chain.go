@@ -231,13 +231,20 @@ func (c *chains) remove(k uint64) (known, last bool) {
 	return true, true
 }
 
-// keys calls f with every key the worker holds.
-func (c *chains) keys(f func(k uint64)) {
+// each calls f with every key the worker holds and its references.
+func (c *chains) each(f func(k uint64, refs uint32)) {
 	for i := range c.recs {
 		if r := &c.recs[i]; r.refs > 0 {
-			f(r.key)
+			f(r.key, r.refs)
 		}
 	}
+}
+
+// clone returns a copy of c.
+func (c *chains) clone() chains {
+	d := *c
+	d.recs = append([]chainRec(nil), c.recs...)
+	return d
 }
 
 // reset forgets every block.

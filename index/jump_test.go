@@ -63,15 +63,21 @@ func (f *forest) op(i int) Op {
 // cache, chains stored in order with links, evictions leaf first, and what
 // breaks closure: middle blocks evicted (holes), chains stored child first
 // (a re-index), stores without links or with a bad one, double stores and
-// removes, clears and removed workers. apply gets every op; check is
-// called with a prompt now and then.
-func jumpScript(f *forest, next func(n int) int, steps int, apply func(WorkerID, Op), check func(q []uint64)) {
+// removes, clears and removed workers. With tiered, a quarter of the steps
+// are a host tier's: blocks offloaded (copied, or moved off the device) leaf
+// first, the host's evictions, its holes and clears. apply gets every op;
+// check is called with a prompt now and then.
+func jumpScript(f *forest, next func(n int) int, steps int, tiered bool, apply func(WorkerID, Op), check func(q []uint64)) {
 	const workers = 5
 	var q []uint64
 	for range steps {
 		id := WorkerID(next(workers))
 		node := next(len(f.keys))
 		q = f.path(q[:0], node)
+		if tiered && next(4) == 0 {
+			hostStep(f, next, id, node, q, apply)
+			continue
+		}
 		switch r := next(100); {
 		case r < 35: // a request: its prompt stored root first
 			for _, i := range pathNodes(f, node) {
@@ -107,6 +113,36 @@ func jumpScript(f *forest, next func(n int) int, steps int, apply func(WorkerID,
 	}
 }
 
+// hostStep is one of jumpScript's host tier steps for worker id, on the
+// path q to node.
+func hostStep(f *forest, next func(n int) int, id WorkerID, node int, q []uint64, apply func(WorkerID, Op)) {
+	host := func(o Op) Op { o.Tier = TierHost; return o }
+	switch r := next(100); {
+	case r < 45: // the prompt's last blocks offloaded, leaf first, moved or copied
+		move := next(2) == 0
+		for i, n := node, next(40); i >= 0 && n > 0; i, n = f.par[i], n-1 {
+			apply(id, host(f.op(i)))
+			if move {
+				apply(id, Op{Kind: OpRemove, Hash: f.keys[i]})
+			}
+		}
+	case r < 75: // the host evicts the prompt's last blocks, leaf first
+		for i, n := node, next(40); i >= 0 && n > 0; i, n = f.par[i], n-1 {
+			apply(id, Op{Kind: OpRemove, Tier: TierHost, Hash: f.keys[i]})
+		}
+	case r < 85: // a middle host block evicted: a hole
+		apply(id, Op{Kind: OpRemove, Tier: TierHost, Hash: q[next(len(q))]})
+	case r < 93: // the prompt offloaded root first, from its start
+		for _, i := range pathNodes(f, node) {
+			apply(id, host(f.op(i)))
+		}
+	case r < 97: // a host store without its link
+		apply(id, Op{Kind: OpStore, Tier: TierHost, Hash: f.keys[node]})
+	default:
+		apply(id, Op{Kind: OpClearTier, Tier: TierHost})
+	}
+}
+
 func pathNodes(f *forest, i int) []int {
 	var out []int
 	for ; i >= 0; i = f.par[i] {
@@ -117,11 +153,12 @@ func pathNodes(f *forest, i int) []int {
 }
 
 // jumpAgainstTree runs jumpScript on a writer and a Tree and compares every
-// answer; it returns how many answers jumped for some worker.
-func jumpAgainstTree(t *testing.T, f *forest, next func(n int) int, steps int) (jumped int) {
+// answer; it returns how many answers jumped for some worker, and how many
+// jumped over its host blocks.
+func jumpAgainstTree(t *testing.T, f *forest, next func(n int) int, steps int, tiered bool) (jumped, hostJumped int) {
 	w, ref := newWriter(64), NewTree()
 	var got, want []Score
-	jumpScript(f, next, steps, func(id WorkerID, op Op) {
+	jumpScript(f, next, steps, tiered, func(id WorkerID, op Op) {
 		w.apply(id, op)
 		ref.Apply(id, op)
 	}, func(q []uint64) {
@@ -131,26 +168,35 @@ func jumpAgainstTree(t *testing.T, f *forest, next func(n int) int, steps int) (
 			t.Fatalf("prompt of %d keys: index %v, sequential reference %v", len(q), got, want)
 		}
 		for _, s := range got {
-			if h := w.holders[s.Worker]; h != nil && h.closed && s.Blocks > jumpStep {
+			if h := w.holders[s.Worker]; h != nil && h.closed[TierDevice] && s.Blocks > jumpStep {
 				jumped++
 				break
 			}
 		}
+		for _, s := range got {
+			if h := w.holders[s.Worker]; h != nil && h.closed == [NumTiers]bool{true, true} && s.Tiers[TierHost] > s.Blocks+jumpStep {
+				hostJumped++
+				break
+			}
+		}
 	})
-	return jumped
+	return jumped, hostJumped
 }
 
 // The jump search answers what the key-by-key scan does, whatever the
 // workers' chains look like.
 func TestJumpAgainstTree(t *testing.T) {
-	jumped := 0
-	for seed := range uint64(20) {
-		rng := rand.New(rand.NewPCG(seed, 7))
-		jumped += jumpAgainstTree(t, newForest(rng.IntN, 12, 400), rng.IntN, 3000)
-	}
-	t.Logf("%d answers jumped", jumped)
-	if jumped < 100 {
-		t.Errorf("only %d answers jumped over a closed worker's chain", jumped)
+	for _, tiered := range []bool{false, true} {
+		jumped, hostJumped := 0, 0
+		for seed := range uint64(20) {
+			rng := rand.New(rand.NewPCG(seed, 7))
+			j, h := jumpAgainstTree(t, newForest(rng.IntN, 12, 400), rng.IntN, 3000, tiered)
+			jumped, hostJumped = jumped+j, hostJumped+h
+		}
+		t.Logf("tiered %v: %d answers jumped, %d over host blocks", tiered, jumped, hostJumped)
+		if jumped < 100 || tiered && hostJumped < 100 {
+			t.Errorf("tiered %v: only %d answers jumped over a closed worker's chain, %d over its host blocks", tiered, jumped, hostJumped)
+		}
 	}
 }
 
@@ -176,7 +222,8 @@ func FuzzJumpAgainstTree(f *testing.F) {
 			data = data[2:]
 			return v % n
 		}
-		jumpAgainstTree(t, newForest(rand.New(rand.NewPCG(1, 2)).IntN, 6, 120), next, min(len(data)/6, 400)) // about three draws a step
+		tiered := len(data) > 0 && data[0]&1 == 1
+		jumpAgainstTree(t, newForest(rand.New(rand.NewPCG(1, 2)).IntN, 6, 120), next, min(len(data)/6, 400), tiered) // about three draws a step
 	})
 }
 
@@ -196,8 +243,8 @@ func TestJumpHole(t *testing.T) {
 	}
 	check := func(closed bool, blocks int) {
 		t.Helper()
-		if h := w.holders[3]; h.closed != closed {
-			t.Errorf("closed %v, want %v (orphans %d)", h.closed, closed, h.dev.orphans)
+		if h := w.holders[3]; h.closed[TierDevice] != closed {
+			t.Errorf("closed %v, want %v (orphans %d)", h.closed[TierDevice], closed, h.dev.orphans)
 		}
 		if got := w.findMatches(nil, q); !slices.Equal(got, []Score{dev(3, blocks)}) {
 			t.Errorf("answer %v, want %v", got, dev(3, blocks))

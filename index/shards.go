@@ -165,7 +165,29 @@ func (s *Shards) FindMatches(ctx context.Context, dst []Score, hashes []uint64) 
 		dst = matchGroup(dst, hashes, s.shards[i:min(i+shardGroup, len(s.shards))])
 	}
 	sortByWorker(dst[start:])
-	return dst, nil
+	return mergeByWorker(dst, start), nil
+}
+
+// mergeByWorker makes one Score of each worker's in dst[start:], sorted by
+// Worker: the larger count of each. A worker removed and added again during
+// a call has two slots in the version read, its old one's bits going and its
+// new one's coming; read at other instants (another tier's table, another
+// word), both can be seen, each as a state of the worker in the call.
+func mergeByWorker(dst []Score, start int) []Score {
+	out := start
+	for i := start; i < len(dst); i++ {
+		if out > start && dst[i].Worker == dst[out-1].Worker {
+			m := &dst[out-1]
+			m.Blocks, m.Predicted = max(m.Blocks, dst[i].Blocks), max(m.Predicted, dst[i].Predicted)
+			for t := range m.Tiers {
+				m.Tiers[t] = max(m.Tiers[t], dst[i].Tiers[t])
+			}
+			continue
+		}
+		dst[out] = dst[i]
+		out++
+	}
+	return dst[:out]
 }
 
 // sortByWorker sorts scores by Worker. A lookup's scores are few (the
@@ -297,7 +319,7 @@ func (sh *shard) apply(b *Batch) {
 	if len(b.Ops) > 0 {
 		sh.preds.observe(b.Worker, b.Ops)
 	}
-	sh.nodes[TierDevice].Store(int64(ix.nodes()))
+	sh.nodes[TierDevice].Store(int64(ix.tierNodes(TierDevice)))
 	if ix.lowerSet.Load() != 0 {
 		for t := TierHost; t < NumTiers; t++ {
 			sh.nodes[t].Store(int64(ix.tierNodes(t)))

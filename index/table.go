@@ -85,7 +85,7 @@ type table struct {
 	data   []atomic.Uint64 // size+1 entries of stride words: key, then bitset; entry size is key 0's
 	slots  []atomic.Uint32 // device tables: bitset slot -> WorkerID, as of this version
 	taken  []atomic.Uint64 // device tables: bit s set once slots[s] maps a worker in this version
-	closed []atomic.Uint64 // device tables: bit s set while slot s's worker is closed (writer.setClosed)
+	closed []atomic.Uint64 // bit s set while slot s's worker is closed at the table's level (writer.setClosed)
 	gen    uint64          // the writer's slot generation when this version was made
 	size   int             // entries, key 0's aside: any count, not only a power of two
 	words  int             // bitset words per entry
@@ -331,11 +331,18 @@ func (t *table) emit(dst []Score, set uint64, w, blocks int) []Score {
 
 // matchTiers is match over the pinned versions ts of every tier (ts[0] the
 // device's, a nil entry a tier without a table), all of one slot generation,
-// so of one width.
-func matchTiers(dst []Score, hashes []uint64, ts *[NumTiers]*table) []Score {
+// so of one width. A worker closed at every level is scored by jump search,
+// the others key by key; should a worker be opened meanwhile, the chunk is
+// read again key by key, as in match.
+func matchTiers(dst []Score, hashes []uint64, ts *[NumTiers]*table, opened *atomic.Uint64) []Score {
 	words := ts[0].words
 	for c := 0; c < words; c += chunk {
-		dst = matchTiersChunk(dst, hashes, ts, c, min(chunk, words-c))
+		n, start := min(chunk, words-c), len(dst)
+		o := opened.Load() // before the closed masks: see writer.setClosed
+		var jumped bool
+		if dst, jumped = matchTiersChunk(dst, hashes, ts, c, n, true); jumped && opened.Load() != o {
+			dst, _ = matchTiersChunk(dst[:start], hashes, ts, c, n, false)
+		}
 	}
 	return dst
 }
@@ -347,11 +354,23 @@ func matchTiers(dst []Score, hashes []uint64, ts *[NumTiers]*table) []Score {
 // and tier NumTiers-1's holds the others, so the walk ends when it empties.
 // The workers scored are those in that set at hashes[0]; their Scores are
 // appended then, in slot order, and filled in as they drop out: a slot's
-// Score is found by counting the scored slots below it.
-func matchTiersChunk(dst []Score, hashes []uint64, ts *[NumTiers]*table, c, n int) []Score {
+// Score is found by counting the scored slots below it. With jump, those
+// closed at every level are scored first, by tierWalk.jump, and the walk
+// has the others (reporting whether there were any jumped).
+func matchTiersChunk(dst []Score, hashes []uint64, ts *[NumTiers]*table, c, n int, jump bool) ([]Score, bool) {
 	m := tierWalk{ts: ts, c: c, n: n}
 	if !m.start(hashes[0]) {
-		return dst
+		return dst, false
+	}
+	jumped := false
+	for j := range n {
+		if set := m.first[j] & m.closed(j); jump && set != 0 {
+			dst, jumped = m.jump(dst, hashes, j, set), true
+			m.first[j] &^= set
+			for t := range m.act {
+				m.act[t][j] &^= set
+			}
+		}
 	}
 	base := len(dst)
 	for j := range n {
@@ -372,7 +391,7 @@ func matchTiersChunk(dst []Score, hashes []uint64, ts *[NumTiers]*table, c, n in
 	for i := range scores {
 		scores[i].Blocks = scores[i].Tiers[TierDevice]
 	}
-	return dst
+	return dst, jumped
 }
 
 // tierWalk is matchTiersChunk's state over words c to c+n.
@@ -458,6 +477,128 @@ func (m *tierWalk) walk(scores []Score, hashes []uint64) (end int, all bool) {
 	return len(hashes), false
 }
 
+// closed is the workers of word j closed at every level: in every tier's
+// table's closed mask (a lower tier's bits of slots the device's version
+// does not map are ignored, as their held bits are).
+func (m *tierWalk) closed(j int) uint64 {
+	set := m.ts[0].closed[m.c+j].Load()
+	for _, tb := range m.ts[1:] {
+		if tb != nil {
+			set &= tb.closed[m.c+j].Load() | ^m.mask[j]
+		}
+	}
+	return set
+}
+
+// jump scores the workers of set, in word j, each holding hashes[0] in
+// some tier and closed at every level: at each level, a worker holds the
+// keys up to its score there and none after, in the tiers up to it, so its
+// Tiers there is found as table.jump finds a device score, over the union
+// of those tiers' bits. A tier without a table scores as the one below it.
+func (m *tierWalk) jump(dst []Score, hashes []uint64, j int, set uint64) []Score {
+	base := len(dst)
+	for s := set; s != 0; s &= s - 1 {
+		b := bits.TrailingZeros64(s)
+		dst = append(dst, Score{Worker: WorkerID(m.ts[0].slots[(m.c+j)*64+b].Load())})
+	}
+	scores := dst[base:]
+	for l := range Tier(NumTiers) {
+		if l > TierDevice && m.ts[l] == nil {
+			for i := range scores {
+				scores[i].Tiers[l] = scores[i].Tiers[l-1]
+			}
+			continue
+		}
+		m.jumpLevel(scores, set, hashes, j, l, set&m.act[l][j])
+	}
+	for i := range scores {
+		sc := &scores[i]
+		sc.Blocks = sc.Tiers[TierDevice]
+		for l := TierHost; l < NumTiers; l++ {
+			// Read at other instants, a level may have lost blocks that
+			// the one below was seen holding, and so held too.
+			sc.Tiers[l] = max(sc.Tiers[l], sc.Tiers[l-1])
+		}
+	}
+	return dst
+}
+
+// jumpLevel records Tiers[l] of the workers of held, a subset of set (whose
+// Scores are scores, in slot order), each holding hashes[0] in a tier <= l
+// and closed at level l; the others of set score 0 there, as the Scores
+// were made.
+func (m *tierWalk) jumpLevel(scores []Score, set uint64, hashes []uint64, j int, l Tier, held uint64) {
+	last := len(hashes) - 1
+	var at [jumpAhead]int
+	var got [jumpAhead]uint64
+	ahead := 1 // most matches end in the first step: read its end alone
+	for lo := 0; held != 0 && lo < last; {
+		g := 0
+		for p := lo + jumpStep; g < ahead; p += jumpStep {
+			at[g] = min(p, last)
+			g++
+			if p >= last {
+				break
+			}
+		}
+		for k := range g { // see table.bitsAt
+			for _, tb := range m.ts[:l+1] {
+				if tb != nil {
+					tb.touch(hashes[at[k]])
+				}
+			}
+		}
+		for k := range g {
+			got[k] = m.bits(hashes[at[k]], j, l)
+		}
+		for k := 0; k < g && held != 0; k++ {
+			h := held & got[k]
+			if gone := held &^ h; gone != 0 {
+				m.bisect(scores, set, hashes, j, l, gone, lo, at[k])
+			}
+			held, lo = h, at[k]
+		}
+		ahead = jumpAhead
+	}
+	record(scores, held, set, 0, int(l), len(hashes))
+}
+
+// bisect records Tiers[l] of the workers of gone, each holding hashes[lo]
+// and not hashes[hi] in the tiers up to l, and closed at level l.
+func (m *tierWalk) bisect(scores []Score, set uint64, hashes []uint64, j int, l Tier, gone uint64, lo, hi int) {
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		h := gone & m.bits(hashes[mid], j, l)
+		if h == gone {
+			lo = mid
+			continue
+		}
+		if h != 0 {
+			m.bisect(scores, set, hashes, j, l, h, mid, hi)
+		}
+		gone, hi = gone&^h, mid
+	}
+	record(scores, gone, set, 0, int(l), hi)
+}
+
+// bits is word j of k's holders in any tier <= l.
+func (m *tierWalk) bits(k uint64, j int, l Tier) uint64 {
+	var u uint64
+	for t, tb := range m.ts[:l+1] {
+		if tb == nil {
+			continue
+		}
+		if e := tb.find(k); e >= 0 {
+			w := tb.data[e+1+m.c+j].Load()
+			if t > 0 {
+				w &= m.mask[j]
+			}
+			u |= w
+		}
+	}
+	return u
+}
+
 // record sets Tiers[t] = blocks in the Score of every worker of gone, a
 // subset of first, whose Scores start at scores[rank] in slot order.
 func record(scores []Score, gone, first uint64, rank, t, blocks int) {
@@ -471,6 +612,7 @@ func record(scores []Score, gone, first uint64, rank, t, blocks int) {
 // tierIx is one tier's index: the version readers pin, and the writer's
 // bookkeeping of it.
 type tierIx struct {
+	tier  Tier   // whose index it is: its closed masks are that level's
 	t     *table // == cur.Load(), without the atomic
 	spare *table // the last version unpublished, if small: reused once no reader holds it
 	used  int    // entries of t with a key (key 0's aside), held or emptied

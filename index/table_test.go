@@ -286,9 +286,9 @@ func tableAgainstTree(t *testing.T, seed uint64, tiered bool) {
 				t.Fatalf("seed %d step %d: %v nodes %d, tree %d", seed, step, tr, w.tierNodes(tr), ref.TierNodes(tr))
 			}
 		}
-		if w.nodes() != ref.Nodes() || w.unknownRemoves != ref.UnknownRemoves {
+		if w.tierNodes(TierDevice) != ref.Nodes() || w.unknownRemoves != ref.UnknownRemoves {
 			t.Fatalf("seed %d step %d: nodes %d, unknown removes %d; tree %d and %d",
-				seed, step, w.nodes(), w.unknownRemoves, ref.Nodes(), ref.UnknownRemoves)
+				seed, step, w.tierNodes(TierDevice), w.unknownRemoves, ref.Nodes(), ref.UnknownRemoves)
 		}
 	}
 	close(r.stop)

@@ -202,7 +202,7 @@ func TestTieredReaderMapsOnlyItsDeviceVersionsSlots(t *testing.T) {
 		t.Fatal("want a new device version and the host's still current, in one generation")
 	}
 	w.StoreTier(2, TierHost, 7) // worker 2 takes a free slot, in the new device version only
-	if got := matchTiers(nil, []uint64{7}, &ts); len(got) != 0 {
+	if got := matchTiers(nil, []uint64{7}, &ts, &w.opened); len(got) != 0 {
 		t.Errorf("the pinned versions score %v for worker 2's host block", got)
 	}
 	for _, x := range ts {
@@ -233,16 +233,16 @@ func TestTieredPinnedGenerationKeepsSlotOwners(t *testing.T) {
 	if w.holders[100].slot != slot || cur[0] == old[0] || cur[TierHost] == old[TierHost] || cur[0].gen != old[0].gen+1 || cur[TierHost].gen != cur[0].gen {
 		t.Fatalf("worker 100 got slot %d (5 had %d); generations %d and %d", w.holders[100].slot, slot, old[0].gen, cur[0].gen)
 	}
-	if got := matchTiers(nil, []uint64{7}, &old); len(got) != 0 {
+	if got := matchTiers(nil, []uint64{7}, &old, &w.opened); len(got) != 0 {
 		t.Errorf("the old generation scores worker 100's block: %v", got)
 	}
-	if got := matchTiers(nil, []uint64{1007}, &old); !slices.Equal(got, []Score{tiers(7, 0, 1, 1, 1)}) {
+	if got := matchTiers(nil, []uint64{1007}, &old, &w.opened); !slices.Equal(got, []Score{tiers(7, 0, 1, 1, 1)}) {
 		t.Errorf("the old generation scores worker 7's block %v", got)
 	}
 	if got := WorkerID(old[0].slots[slot].Load()); got != 5 {
 		t.Errorf("the old generation maps worker 5's slot to %d", got)
 	}
-	if got := matchTiers(nil, []uint64{7}, &cur); !slices.Equal(got, []Score{tiers(100, 0, 1, 1, 1)}) {
+	if got := matchTiers(nil, []uint64{7}, &cur, &w.opened); !slices.Equal(got, []Score{tiers(100, 0, 1, 1, 1)}) {
 		t.Errorf("the new generation scores %v", got)
 	}
 	for i := range old {

@@ -18,6 +18,14 @@ import (
 // has none. opened counts the openings: a reader that saw it unchanged from
 // before it loaded the closed masks to after its last read knows that no
 // worker it jumped over was opened meanwhile.
+//
+// With lower tiers, the same holds of each level l, a tier with a table:
+// the blocks a worker holds in any tier <= l (its Tiers[l] is the run of a
+// prompt's keys in them), whose orphans the worker's chains of that level
+// count, and whose closed mask is that tier's table's. A block offloaded
+// from the device to the host (a move or a copy) leaves the union as
+// closed as it was, so such workers are read by jumping too
+// (tierWalk.jump).
 type writer struct {
 	tierIx // the device tier
 	// lower[t-1] is tier t's index, nil until its first store, so that an
@@ -42,11 +50,26 @@ type writer struct {
 }
 
 type holder struct {
-	slot   int
-	dev    chains                     // the device blocks
+	slot int
+	dev  chains // the device blocks: level 0
+	// up[l-1] is level l's chains, the blocks held in any tier <= l, kept
+	// while tier l has a table.
+	up     [NumTiers - 1]chains
 	held   [NumTiers]map[uint64]int32 // lower tiers: hash -> how many engine blocks map to it; nil until used
 	count  [NumTiers]int              // per tier, the engine blocks held (the sum of the references)
-	closed bool                       // as the device version's closed mask says
+	closed [NumTiers]bool             // per level, as its table's closed mask says
+}
+
+// level returns the chains of level l, nil for a tier without a table:
+// lowerSet is the writer's.
+func (h *holder) level(l Tier, lowerSet uint32) *chains {
+	switch {
+	case l == TierDevice:
+		return &h.dev
+	case lowerSet&(1<<(l-1)) != 0:
+		return &h.up[l-1]
+	}
+	return nil
 }
 
 func newWriter(capacity int) *writer {
@@ -66,7 +89,7 @@ func (w *writer) findMatches(dst []Score, hashes []uint64) []Score {
 	if w.lowerSet.Load() != 0 {
 		var ts [NumTiers]*table
 		w.pinTiers(&ts)
-		dst = matchTiers(dst, hashes, &ts)
+		dst = matchTiers(dst, hashes, &ts, &w.opened)
 		for _, t := range ts {
 			if t != nil {
 				unpin(t)
@@ -108,9 +131,6 @@ func (w *writer) pinTiers(ts *[NumTiers]*table) {
 	}
 }
 
-// nodes is the number of blocks some worker holds on device.
-func (w *writer) nodes() int { return w.live }
-
 // tierNodes is the number of blocks some worker holds in tier.
 func (w *writer) tierNodes(tier Tier) int {
 	if tier == TierDevice {
@@ -141,29 +161,55 @@ func (w *writer) apply(id WorkerID, op Op) {
 }
 
 func (w *writer) store(id WorkerID, op Op) {
-	if op.Tier >= NumTiers {
+	tier := op.Tier
+	if tier >= NumTiers {
 		return
 	}
 	h := w.holder(id)
-	h.count[op.Tier]++
+	x := w.ix(tier) // first: a new tier's level starts as the one below
+	h.count[tier]++
 	k := op.Hash
-	if op.Tier == TierDevice {
-		if h.dev.store(k, op.Link, op.Parent) {
-			w.setClosed(h, false, h.dev.orphans > 0) // before the bit
-			w.set(&w.tierIx, k, h.slot)
-			w.setClosed(h, true, h.dev.orphans == 0)
+	var first bool
+	if tier == TierDevice {
+		first = h.dev.store(k, op.Link, op.Parent)
+	} else {
+		held := h.held[tier]
+		if held == nil {
+			held = make(map[uint64]int32)
+			h.held[tier] = held
 		}
-		return
+		n := held[k]
+		held[k] = n + 1
+		first = n == 0
 	}
-	held := h.held[op.Tier]
-	if held == nil {
-		held = make(map[uint64]int32)
-		h.held[op.Tier] = held
+	if w.lowerSet.Load() != 0 {
+		for l := max(tier, TierHost); l < NumTiers; l++ { // the levels above the device
+			if c := h.level(l, w.lowerSet.Load()); c != nil {
+				c.store(k, op.Link, op.Parent)
+			}
+		}
+	} else if !first {
+		return // the device alone, and k held there already: nothing changes
 	}
-	n := held[k]
-	held[k] = n + 1
-	if n == 0 {
-		w.set(w.ix(op.Tier), k, h.slot)
+	w.mark(h, tier, false) // before the bit
+	if first {
+		w.set(x, k, h.slot)
+	}
+	w.mark(h, tier, true)
+}
+
+// mark opens (to false) the worker at each level from tier up whose
+// chains, just changed, count orphans, before the change of bits they
+// prepare; or closes (to true) those that count none, after it.
+func (w *writer) mark(h *holder, tier Tier, to bool) {
+	set := w.lowerSet.Load()
+	for l := tier; l < NumTiers; l++ {
+		if c := h.level(l, set); c != nil {
+			w.setClosed(h, l, to, (c.orphans == 0) == to)
+		}
+		if set == 0 {
+			return // the device alone
+		}
 	}
 }
 
@@ -176,45 +222,54 @@ func (w *writer) remove(id WorkerID, tier Tier, k uint64) {
 		w.unknownRemoves++
 		return
 	}
+	var last bool
 	if tier == TierDevice {
-		known, last := h.dev.remove(k)
-		switch {
-		case !known:
+		var known bool
+		if known, last = h.dev.remove(k); !known {
 			w.unknownRemoves++
-		case last:
-			h.count[tier]--
-			w.setClosed(h, false, h.dev.orphans > 0) // before the bit
-			w.unset(&w.tierIx, k, h.slot)
-			w.setClosed(h, true, h.dev.orphans == 0)
-		default:
-			h.count[tier]--
+			return
 		}
-		return
+	} else {
+		held := h.held[tier]
+		n := held[k]
+		switch {
+		case n == 0:
+			w.unknownRemoves++
+			return
+		case n > 1:
+			held[k] = n - 1
+		default:
+			delete(held, k)
+			last = true
+		}
 	}
-	held := h.held[tier]
-	switch n := held[k]; {
-	case n == 0:
-		w.unknownRemoves++
-	case n > 1:
-		held[k] = n - 1
-		h.count[tier]--
-	default:
-		delete(held, k)
-		h.count[tier]--
-		w.unset(w.ix(tier), k, h.slot)
+	h.count[tier]--
+	if w.lowerSet.Load() != 0 {
+		for l := max(tier, TierHost); l < NumTiers; l++ { // the levels above the device
+			if c := h.level(l, w.lowerSet.Load()); c != nil {
+				c.remove(k)
+			}
+		}
 	}
+	if !last {
+		return // still held in tier: so in every level above it
+	}
+	w.mark(h, tier, false) // before the bit
+	w.unset(w.ix(tier), k, h.slot)
+	w.mark(h, tier, true)
 }
 
-// setClosed closes (to true) or opens the worker, if cond and it is not so
-// already. Opening clears its bit before counting in opened, and both come
-// before the change of bits that needed them: a reader that loads opened,
-// then the mask, and sees a bit changed after, sees opened moved.
-func (w *writer) setClosed(h *holder, to, cond bool) {
-	if !cond || h.closed == to {
+// setClosed closes (to true) or opens the worker at level l, if cond and
+// it is not so already. Opening clears its bit before counting in opened,
+// and both come before the change of bits that needed them: a reader that
+// loads opened, then the mask, and sees a bit changed after, sees opened
+// moved.
+func (w *writer) setClosed(h *holder, l Tier, to, cond bool) {
+	if !cond || h.closed[l] == to {
 		return
 	}
-	h.closed = to
-	cw := &w.t.closed[h.slot>>6]
+	h.closed[l] = to
+	cw := &w.ix(l).t.closed[h.slot>>6]
 	if to {
 		cw.Store(cw.Load() | 1<<(h.slot&63))
 		return
@@ -227,13 +282,28 @@ func (w *writer) setClosed(h *holder, to, cond bool) {
 // entries the op will need.
 const prefetchAhead = 4
 
-// prefetch loads the device table's and the worker's chains' home entries
-// of a device op's key, so that their cache misses overlap the ops applied
-// before it: ingest is mostly those misses.
+// prefetch loads the home entries an op's key will need, its tier's table
+// and the worker's chains of each level it changes (the lower tiers' held
+// maps aside), so that their cache misses overlap the ops applied before
+// it: ingest is mostly those misses.
 func prefetch(w *writer, h *holder, op *Op) {
-	if op.Tier == TierDevice && op.Kind <= OpRemove && op.Hash != 0 {
+	if op.Kind > OpRemove || op.Hash == 0 || op.Tier >= NumTiers {
+		return
+	}
+	if op.Tier == TierDevice {
 		w.t.touch(op.Hash)
 		h.dev.touch(op.Hash)
+	}
+	if w.lowerSet.Load() == 0 {
+		return
+	}
+	for l := max(op.Tier, TierHost); l < NumTiers; l++ {
+		if x := w.lower[l-1].Load(); x != nil {
+			if l == op.Tier {
+				x.t.touch(op.Hash)
+			}
+			h.up[l-1].touch(op.Hash)
+		}
 	}
 }
 
@@ -261,18 +331,34 @@ func (w *writer) clearTier(id WorkerID, tier Tier) {
 		return
 	}
 	h.count[tier] = 0
-	if tier == TierDevice {
-		w.setClosed(h, false, true) // its blocks go in no particular order
-		h.dev.keys(func(k uint64) { w.unset(&w.tierIx, k, h.slot) })
-		h.dev.reset()
-		w.setClosed(h, true, true)
-		return
+	// Its blocks go in no particular order: every level they are in is
+	// open meanwhile.
+	for l := tier; l < NumTiers; l++ {
+		if h.level(l, w.lowerSet.Load()) != nil {
+			w.setClosed(h, l, false, true)
+		}
 	}
+	defer w.mark(h, tier, true)
 	x := w.ix(tier)
-	for k := range h.held[tier] {
+	drop := func(k uint64, refs uint32) {
 		w.unset(x, k, h.slot)
+		for l := max(tier, TierHost); l < NumTiers; l++ { // the levels above the device
+			if c := h.level(l, w.lowerSet.Load()); c != nil {
+				for range refs {
+					c.remove(k)
+				}
+			}
+		}
 	}
-	clear(h.held[tier])
+	if tier == TierDevice {
+		h.dev.each(drop)
+		h.dev.reset()
+	} else {
+		for k, n := range h.held[tier] {
+			drop(k, uint32(n))
+		}
+		clear(h.held[tier])
+	}
 }
 
 // removeWorker clears the worker and frees its slot for a later generation.
@@ -295,10 +381,24 @@ func (w *writer) ix(tier Tier) *tierIx {
 	if x := w.lower[tier-1].Load(); x != nil {
 		return x
 	}
-	x := &tierIx{}
+	x := &tierIx{tier: tier}
 	// Of the device's width and generation: pinTiers takes it with the
 	// device's current version.
 	x.t = x.take(w.capacity, w.t.words, false, w.gen, &w.made)
+	// Its level starts as the one below it (no block is in tier yet), closed
+	// where that one is.
+	below := tier - 1
+	for below > TierDevice && w.lower[below-1].Load() == nil {
+		below--
+	}
+	for _, h := range w.holders {
+		c := h.level(below, w.lowerSet.Load())
+		h.up[tier-1] = c.clone()
+		h.closed[tier] = h.closed[below]
+		if h.closed[tier] {
+			setBit(x.t.closed, h.slot)
+		}
+	}
 	x.cur.Store(x.t)
 	w.lower[tier-1].Store(x) // after its first version: a reader that loads x pins a whole one
 	w.lowerSet.Store(w.lowerSet.Load() | 1<<(tier-1))
@@ -325,7 +425,11 @@ func (w *writer) holder(id WorkerID) *holder {
 	tw := &w.t.taken[s>>6]
 	tw.Store(tw.Load() | 1<<(s&63)) // after the slot, before any bit
 	h := &holder{slot: s}
-	w.setClosed(h, true, true) // nothing held: closed
+	for l := range Tier(NumTiers) {
+		if h.level(l, w.lowerSet.Load()) != nil {
+			w.setClosed(h, l, true, true) // nothing held: closed
+		}
+	}
 	w.holders[id] = h
 	return h
 }
@@ -416,21 +520,23 @@ const (
 
 // build returns an unpublished version of x's table, of words bitset words,
 // holding its held entries, at a load of buildNum/buildDen. x's used counts
-// it. A device version maps the taken slots, and marks the closed workers'.
+// it. It marks the workers closed at its level; a device version maps the
+// taken slots too.
 func (w *writer) build(x *tierIx, words int) *table {
 	old := x.t
 	capacity := max(minTable, (x.live+1)*buildDen/buildNum)
 	nt := x.take(capacity, words, x == &w.tierIx, w.gen, &w.made)
 	x.used = copyHeld(nt, old)
-	if x == &w.tierIx {
-		for s, ok := range w.taken {
-			if ok {
-				nt.slots[s].Store(uint32(w.owner[s]))
-				setBit(nt.taken, s)
-				if w.holders[w.owner[s]].closed {
-					setBit(nt.closed, s)
-				}
-			}
+	for s, ok := range w.taken {
+		if !ok {
+			continue
+		}
+		if x == &w.tierIx {
+			nt.slots[s].Store(uint32(w.owner[s]))
+			setBit(nt.taken, s)
+		}
+		if w.holders[w.owner[s]].closed[x.tier] {
+			setBit(nt.closed, s)
 		}
 	}
 	return nt
@@ -474,22 +580,23 @@ func (x *tierIx) take(capacity, words int, device bool, gen uint64, made *int) *
 	if device {
 		nslots, nwords = words*64, words
 	}
+	ncl := words // every tier's table has its level's closed mask
 	// The spare is unpublished: a reader that counts itself in from now on
 	// fails pin's re-check and reads nothing, until it is published again.
 	var t *table
-	if r := x.spare; r != nil && r.readers.Load() == 0 && cap(r.data) >= need && cap(r.slots) >= nslots && cap(r.taken) >= nwords && cap(r.closed) >= nwords {
+	if r := x.spare; r != nil && r.readers.Load() == 0 && cap(r.data) >= need && cap(r.slots) >= nslots && cap(r.taken) >= nwords && cap(r.closed) >= ncl {
 		x.spare, t = nil, r
 		t.data = t.data[:need]
 		clear(t.data)
 		t.slots = t.slots[:nslots]
 		t.taken = t.taken[:nwords]
 		clear(t.taken)
-		t.closed = t.closed[:nwords]
+		t.closed = t.closed[:ncl]
 		clear(t.closed)
 	}
 	if t == nil {
 		t = &table{data: make([]atomic.Uint64, need), slots: make([]atomic.Uint32, nslots),
-			taken: make([]atomic.Uint64, nwords), closed: make([]atomic.Uint64, nwords)}
+			taken: make([]atomic.Uint64, nwords), closed: make([]atomic.Uint64, ncl)}
 		*made++
 	}
 	t.size, t.words, t.stride, t.gen = capacity, words, 1+words, gen

@@ -302,7 +302,7 @@ func (s *Snapshot) Blocks() int {
 // AppendOps appends the ops that rebuild w's index entries to dst: for each
 // block in order, for each tier it is held in (ascending), an OpStore of
 // each of its router keys, first to last (its split keys, then Keys[i]).
-// Device stores say their links as the actor's would (index.Op.Link): a
+// Stores say their links as the actor's would (index.Op.Link), in every tier: a
 // block without a parent is a root; one whose parent w holds is its
 // parent's last key's child, unless w is Rekeyed; any other is of unknown
 // link; a split block's keys after its first are each chained from the one
@@ -312,7 +312,7 @@ func (s *Snapshot) Blocks() int {
 func (w *Worker) AppendOps(dst []index.Op) []index.Op {
 	n := min(len(w.Hashes), len(w.Keys), len(w.Flags), len(w.Parents))
 	var keyOf map[uint64]uint64 // engine hash -> its last router key
-	if !w.Rekeyed && slices.ContainsFunc(w.Flags[:n], func(f uint8) bool { return f&FlagParent != 0 && f&(1<<TierShift) != 0 }) {
+	if !w.Rekeyed && slices.ContainsFunc(w.Flags[:n], func(f uint8) bool { return f&FlagParent != 0 && f>>TierShift != 0 }) {
 		keyOf = make(map[uint64]uint64, n)
 		for j, h := range w.Hashes[:n] {
 			keyOf[h] = w.Keys[j] // a repeated hash: the last one wins, as in actor.Import
@@ -329,15 +329,10 @@ func (w *Worker) AppendOps(dst []index.Op) []index.Op {
 			if f&(1<<(TierShift+t)) == 0 {
 				continue
 			}
-			link, parent := index.LinkNone, uint64(0) // off device: the index reads no links there
-			if t == index.TierDevice {
-				link, parent = w.linkOf(i, keyOf)
-			}
+			link, parent := w.linkOf(i, keyOf) // in every tier, as the actor links them
 			for _, h := range pre {
 				dst = append(dst, index.Op{Kind: index.OpStore, Tier: t, Hash: h, Link: link, Parent: parent})
-				if t == index.TierDevice {
-					link, parent = index.LinkChild, h
-				}
+				link, parent = index.LinkChild, h
 			}
 			dst = append(dst, index.Op{Kind: index.OpStore, Tier: t, Hash: w.Keys[i], Link: link, Parent: parent})
 		}
