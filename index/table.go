@@ -363,8 +363,8 @@ func matchTiersChunk(dst []Score, hashes []uint64, ts *[NumTiers]*table, c, n in
 		return dst, false
 	}
 	jumped := false
-	for j := range n {
-		if set := m.first[j] & m.closed(j); jump && set != 0 {
+	for j := 0; jump && j < n; j++ {
+		if set := m.first[j] & m.closed(j); set != 0 {
 			dst, jumped = m.jump(dst, hashes, j, set), true
 			m.first[j] &^= set
 			for t := range m.act {
