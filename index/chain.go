@@ -157,8 +157,8 @@ func ring(d, size int) int {
 // store adds a reference to k, of link and parent, and reports whether
 // the worker did not hold k before.
 func (c *chains) store(k uint64, link Link, parent uint64) (first bool) {
-	if link == LinkChild && parent == k {
-		link = LinkNone // not a chain: a key is never its own parent
+	if link == LinkChild && parent == k || link > LinkChild {
+		link = LinkNone // not a chain (a key is never its own parent), or no link Op knows
 	}
 	c.reserve(2)
 	i, ok := c.find(k)

@@ -179,6 +179,9 @@ func mergeByWorker(dst []Score, start int) []Score {
 		if out > start && dst[i].Worker == dst[out-1].Worker {
 			m := &dst[out-1]
 			m.Blocks, m.Predicted = max(m.Blocks, dst[i].Blocks), max(m.Predicted, dst[i].Predicted)
+			if m.Predicted > 0 {
+				m.Predicted = max(m.Predicted, m.Blocks) // its Blocks, and the predicted keys after them
+			}
 			for t := range m.Tiers {
 				m.Tiers[t] = max(m.Tiers[t], dst[i].Tiers[t])
 			}
