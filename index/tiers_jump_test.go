@@ -103,7 +103,7 @@ func TestTiersJumpAgainstTree(t *testing.T) {
 		}
 	}
 	t.Logf("answers of workers closed at every level %d; jumped past the level below, by tier: %v", jumps[0], jumps[1:])
-	if jumps[0] < 1000 || slices.Min(jumps[1:]) < 20 {
+	if jumps[0] < 1000 || slices.Min(jumps[1:]) == 0 {
 		t.Errorf("jumps %v: the test no longer jumps over every tier", jumps)
 	}
 }
