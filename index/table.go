@@ -278,14 +278,7 @@ func (t *table) jump(dst []Score, hashes []uint64, w int, set uint64) []Score {
 	var got [jumpAhead]uint64
 	ahead := 1 // most matches end in the first step: read its end alone
 	for lo := 0; set != 0 && lo < last; {
-		g := 0
-		for p := lo + jumpStep; g < ahead; p += jumpStep {
-			at[g] = min(p, last)
-			g++
-			if p >= last {
-				break
-			}
-		}
+		g := checkpoints(&at, lo, last, ahead)
 		t.bitsAt(&got, hashes, &at, g, w)
 		for k := 0; k < g && set != 0; k++ {
 			m := set & got[k]
@@ -297,6 +290,20 @@ func (t *table) jump(dst []Score, hashes []uint64, w int, set uint64) []Score {
 		ahead = jumpAhead
 	}
 	return t.emit(dst, set, w, len(hashes))
+}
+
+// checkpoints sets at to the next ahead keys a jump from lo reads, every
+// jumpStep-th up to last, and returns how many it set.
+func checkpoints(at *[jumpAhead]int, lo, last, ahead int) int {
+	g := 0
+	for p := lo + jumpStep; g < ahead; p += jumpStep {
+		at[g] = min(p, last)
+		g++
+		if p >= last {
+			break
+		}
+	}
+	return g
 }
 
 // bisect scores the workers of gone, in word w, each holding hashes[lo]
@@ -533,14 +540,7 @@ func (m *tierWalk) jumpLevel(scores []Score, set uint64, hashes []uint64, j int,
 	var got [jumpAhead]uint64
 	ahead := 1 // most matches end in the first step: read its end alone
 	for lo := 0; held != 0 && lo < last; {
-		g := 0
-		for p := lo + jumpStep; g < ahead; p += jumpStep {
-			at[g] = min(p, last)
-			g++
-			if p >= last {
-				break
-			}
-		}
+		g := checkpoints(&at, lo, last, ahead)
 		for k := range g { // see table.bitsAt
 			for _, tb := range m.ts[:l+1] {
 				if tb != nil {
