@@ -167,20 +167,29 @@ func jumpAgainstTree(t *testing.T, f *forest, next func(n int) int, steps int, t
 		if !slices.Equal(got, want) {
 			t.Fatalf("prompt of %d keys: index %v, sequential reference %v", len(q), got, want)
 		}
-		for _, s := range got {
-			if h := w.holders[s.Worker]; h != nil && h.closed[TierDevice] && s.Blocks > jumpStep {
-				jumped++
-				break
-			}
-		}
-		for _, s := range got {
-			if h := w.holders[s.Worker]; h != nil && h.closed == [NumTiers]bool{true, true} && s.Tiers[TierHost] > s.Blocks+jumpStep {
-				hostJumped++
-				break
-			}
-		}
+		dev, host := jumpedOver(w, got)
+		jumped, hostJumped = jumped+dev, hostJumped+host
 	})
 	return jumped, hostJumped
+}
+
+// jumpedOver reports (as 0 or 1) whether some score of got jumped over a
+// closed worker's device chain, and whether one jumped over its host
+// blocks (closed at both levels, scoring a step past its device blocks).
+func jumpedOver(w *writer, got []Score) (dev, host int) {
+	for _, s := range got {
+		h := w.holders[s.Worker]
+		if h == nil {
+			continue
+		}
+		if h.closed[TierDevice] && s.Blocks > jumpStep {
+			dev = 1
+		}
+		if h.closed == [NumTiers]bool{true, true} && s.Tiers[TierHost] > s.Blocks+jumpStep {
+			host = 1
+		}
+	}
+	return dev, host
 }
 
 // The jump search answers what the key-by-key scan does, whatever the

@@ -223,18 +223,8 @@ func reflectsMeanwhile(t *testing.T, seed uint64, steps int, tiered bool) {
 		if !slices.Equal(got, want) {
 			t.Fatalf("seed %d tiered %v: prompt of %d keys: index %v, sequential reference %v", seed, tiered, len(q), got, want)
 		}
-		for _, s := range got {
-			if h := w.holders[s.Worker]; h != nil && h.closed[TierDevice] && s.Blocks > jumpStep {
-				jumped++
-				break
-			}
-		}
-		for _, s := range got {
-			if h := w.holders[s.Worker]; h != nil && h.closed == [NumTiers]bool{true, true} && s.Tiers[TierHost] > s.Blocks+jumpStep {
-				hostJumped++
-				break
-			}
-		}
+		dev, host := jumpedOver(w, got)
+		jumped, hostJumped = jumped+dev, hostJumped+host
 	})
 	close(stop)
 	wg.Wait()

@@ -182,9 +182,9 @@ func (w *writer) store(id WorkerID, op Op) {
 		held[k] = n + 1
 		first = n == 0
 	}
-	if w.lowerSet.Load() != 0 {
+	if set := w.lowerSet.Load(); set != 0 {
 		for l := max(tier, TierHost); l < NumTiers; l++ { // the levels above the device
-			if c := h.level(l, w.lowerSet.Load()); c != nil {
+			if c := h.level(l, set); c != nil {
 				c.store(k, op.Link, op.Parent)
 			}
 		}
@@ -244,9 +244,9 @@ func (w *writer) remove(id WorkerID, tier Tier, k uint64) {
 		}
 	}
 	h.count[tier]--
-	if w.lowerSet.Load() != 0 {
+	if set := w.lowerSet.Load(); set != 0 {
 		for l := max(tier, TierHost); l < NumTiers; l++ { // the levels above the device
-			if c := h.level(l, w.lowerSet.Load()); c != nil {
+			if c := h.level(l, set); c != nil {
 				c.remove(k)
 			}
 		}
@@ -331,10 +331,11 @@ func (w *writer) clearTier(id WorkerID, tier Tier) {
 		return
 	}
 	h.count[tier] = 0
+	set := w.lowerSet.Load()
 	// Its blocks go in no particular order: every level they are in is
 	// open meanwhile.
 	for l := tier; l < NumTiers; l++ {
-		if h.level(l, w.lowerSet.Load()) != nil {
+		if h.level(l, set) != nil {
 			w.setClosed(h, l, false, true)
 		}
 	}
@@ -343,7 +344,7 @@ func (w *writer) clearTier(id WorkerID, tier Tier) {
 	drop := func(k uint64, refs uint32) {
 		w.unset(x, k, h.slot)
 		for l := max(tier, TierHost); l < NumTiers; l++ { // the levels above the device
-			if c := h.level(l, w.lowerSet.Load()); c != nil {
+			if c := h.level(l, set); c != nil {
 				for range refs {
 					c.remove(k)
 				}

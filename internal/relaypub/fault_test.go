@@ -361,14 +361,7 @@ func TestSnapshotPastTheStreamsLast(t *testing.T) {
 	a.serve(reqs[:200])
 	relayed(t, rr, a)
 	rr.stop() // writes its last snapshot
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := js.DeleteStream(ctx, s.Stream); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := opstream.Ensure(ctx, js, opstream.Settings(s)); err != nil {
-		t.Fatal(err)
-	}
+	makeStreamAgain(t, js, s)
 	r := startRouter(t, js, s)
 	eventually(t, "the snapshot refused", func() error {
 		if fs := r.f.Stats(); fs.SnapshotsRefused == 0 || !strings.Contains(fs.RefusedReason, "past the stream's last 0") {
@@ -415,14 +408,7 @@ func TestStreamRemadeBetweenSnapshots(t *testing.T) {
 	rr.snapshotNow(t)
 	a.serve(reqs[150:250])
 	relayed(t, rr, a)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := js.DeleteStream(ctx, s.Stream); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := opstream.Ensure(ctx, js, opstream.Settings(s)); err != nil {
-		t.Fatal(err)
-	}
+	makeStreamAgain(t, js, s)
 	a.serve(reqs[250:320]) // into the new stream, unnoticed
 	relayed(t, rr, a)
 	if ss := streamState(t, js, s); ss.Msgs == 0 {
@@ -457,14 +443,7 @@ func TestRestoredIntoANewStreamPartialUntilProven(t *testing.T) {
 	a.serve(reqs[:200])
 	relayed(t, rr, a)
 	rr.stop()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := js.DeleteStream(ctx, s.Stream); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := opstream.Ensure(ctx, js, opstream.Settings(s)); err != nil {
-		t.Fatal(err)
-	}
+	makeStreamAgain(t, js, s)
 	a.pub.Close() // the engine is down: the snapshot stays unproven
 	r := startRouter(t, js, s)
 	rr2 := startRelay(t, js, relayConfig(s), a)
@@ -995,6 +974,20 @@ func TestStreamHoleIsGonePast(t *testing.T) {
 	}
 	if w, ok := r.p.Stats().Worker("a"); !ok || !w.Actor.Partial {
 		t.Errorf("router's worker a: %+v, want it partial", w.Actor)
+	}
+}
+
+// makeStreamAgain deletes the stream and makes it again, empty, as an
+// operator would.
+func makeStreamAgain(t *testing.T, js jetstream.JetStream, s relay.Settings) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := js.DeleteStream(ctx, s.Stream); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := opstream.Ensure(ctx, js, opstream.Settings(s)); err != nil {
+		t.Fatal(err)
 	}
 }
 
