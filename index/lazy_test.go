@@ -208,7 +208,7 @@ func TestLazyAgainstTree(t *testing.T) {
 }
 
 // FuzzLazyAgainstTree: TestLazyAgainstTree's steps driven by the fuzzer's
-// bytes.
+// bytes (run it with -fuzzminimizetime 20x, as FuzzJumpAgainstTree).
 func FuzzLazyAgainstTree(f *testing.F) {
 	for seed := range uint64(4) {
 		rng := rand.New(rand.NewPCG(seed, 13))
