@@ -162,21 +162,28 @@ func (c *chains) store(k uint64, link Link, parent uint64) (first bool) {
 	}
 	c.reserve(2)
 	i, ok := c.find(k)
-	if ok && c.recs[i].refs > 0 {
-		c.recs[i].refs++
+	r := &c.recs[i]
+	if first = !ok || r.refs == 0; first {
+		if !ok {
+			c.add(i, k)
+		}
+		c.orphans -= int(r.kids & kidsMask) // its children held have their parent now
+		if link == LinkNone {
+			c.orphans++
+		}
+	} else if r.link() == LinkNone && link != LinkNone {
+		// Held, of unknown link, and known now (a block's parent is its
+		// key's, whoever stored it): an orphan no more, unless its parent
+		// is not held, so that the worker need not stay open until k leaves.
+		c.orphans--
+	} else {
+		r.refs++
 		return false
 	}
-	if !ok {
-		c.add(i, k)
-	}
-	r := &c.recs[i]
-	r.refs, r.parent = 1, parent
+	r.refs++
+	r.parent = parent
 	r.kids = r.kids&kidsMask | uint32(link)<<30
-	c.orphans -= int(r.kids & kidsMask) // its children held have their parent now
-	switch link {
-	case LinkNone:
-		c.orphans++
-	case LinkChild:
+	if link == LinkChild {
 		pi, ok := c.find(parent)
 		if !ok {
 			c.add(pi, parent)
@@ -187,7 +194,7 @@ func (c *chains) store(k uint64, link Link, parent uint64) (first bool) {
 			c.orphans++
 		}
 	}
-	return true
+	return first
 }
 
 // remove drops one reference to k and reports whether the worker held it

@@ -243,6 +243,26 @@ func levelsInvariant(w *writer, full bool) string {
 			if bit != h.closed[l] || h.closed[l] != (c.orphans == 0) {
 				return fmt.Sprintf("worker %d level %d: bit %v closed %v orphans %d", id, l, bit, h.closed[l], c.orphans)
 			}
+			if full {
+				// the orphans counted are the held keys of unknown link
+				// or whose parent is not held
+				orphans := 0
+				for _, r := range c.recs {
+					if r.refs == 0 {
+						continue
+					}
+					if r.link() == LinkNone {
+						orphans++
+					} else if r.link() == LinkChild {
+						if pi, ok := c.find(r.parent); !ok || c.recs[pi].refs == 0 {
+							orphans++
+						}
+					}
+				}
+				if orphans != c.orphans {
+					return fmt.Sprintf("worker %d level %d: %d orphans counted, %d in its chains", id, l, c.orphans, orphans)
+				}
+			}
 			if l > 0 && full {
 				// the level's chains hold exactly the refs of tiers <= l
 				want := map[uint64]uint32{}
@@ -278,6 +298,37 @@ func TestUnknownLinkIsNone(t *testing.T) {
 		got := w.findMatches(nil, []uint64{10, 13, 14})
 		if len(got) != 1 || got[0].Tiers[TierHost] != 1 {
 			t.Errorf("tier %v: %v, want worker 1 holding 1 block", tier, got)
+		}
+	}
+}
+
+// A key first stored unlinked, then stored again with its link, counts as
+// linked: the worker is closed at that level (and so read by jumping)
+// without waiting for the unlinked reference to leave, and stays so while
+// either reference is held.
+func TestLinkedStoreClosesAnUnlinkedKey(t *testing.T) {
+	for _, tier := range []Tier{TierDevice, TierHost} {
+		w := newWriter(16)
+		w.apply(1, Op{Kind: OpStore, Tier: tier, Link: LinkRoot, Hash: 10})
+		w.apply(1, Op{Kind: OpStore, Tier: tier, Hash: 11}) // LinkNone
+		h := w.holders[1]
+		if h.closed[tier] {
+			t.Fatalf("tier %v: closed with an unlinked key", tier)
+		}
+		w.apply(1, Op{Kind: OpStore, Tier: tier, Link: LinkChild, Hash: 11, Parent: 10})
+		if !h.closed[tier] {
+			t.Errorf("tier %v: still open once the key's link is known", tier)
+		}
+		w.apply(1, Op{Kind: OpRemove, Tier: tier, Hash: 11})
+		if !h.closed[tier] {
+			t.Errorf("tier %v: opened by the removal of one of two references", tier)
+		}
+		if got := w.findMatches(nil, []uint64{10, 11, 12}); len(got) != 1 || got[0].Tiers[tier] != 2 {
+			t.Errorf("tier %v: %v, want worker 1 holding 2 blocks", tier, got)
+		}
+		w.apply(1, Op{Kind: OpRemove, Tier: tier, Hash: 10})
+		if h.closed[tier] {
+			t.Errorf("tier %v: closed with its key's parent gone", tier)
 		}
 	}
 }

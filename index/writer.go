@@ -170,6 +170,7 @@ func (w *writer) store(id WorkerID, op Op) {
 	h.count[tier]++
 	k := op.Hash
 	var first bool
+	orphans := h.dev.orphans
 	if tier == TierDevice {
 		first = h.dev.store(k, op.Link, op.Parent)
 	} else {
@@ -189,7 +190,12 @@ func (w *writer) store(id WorkerID, op Op) {
 			}
 		}
 	} else if !first {
-		return // the device alone, and k held there already: nothing changes
+		// The device alone, and k held there already: no bit changes, but
+		// a store that knows k's link where the first did not may close it.
+		if h.dev.orphans < orphans {
+			w.mark(h, tier, true)
+		}
+		return
 	}
 	w.mark(h, tier, false) // before the bit
 	if first {
